@@ -1,0 +1,24 @@
+"""`openrlhf-oppo bench <target>`: micro-benchmarks that print figures and ratios."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+TARGETS = {
+    "core": ("openrlhf_oppo.core.bench", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
+    "scorer": ("openrlhf_oppo.models.bench", "streamed vs one-shot scoring time per chunk size"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in TARGETS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"openrlhf-oppo bench: unknown target '{argv[0]}'; choose one of: {', '.join(TARGETS)}", file=sys.stderr)
+            return 2
+        print("usage: openrlhf-oppo bench <target> [options]\n\ntargets:")
+        for name, (_, help_) in TARGETS.items():
+            print(f"  {name:<8} {help_}")
+        return 0
+    module = importlib.import_module(TARGETS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)

@@ -1,0 +1,58 @@
+"""`openrlhf-oppo` console script: one entry point, subcommands in their own modules.
+
+    openrlhf-oppo train --schedule sync|async|partial|oversample|oppo|... --config configs/tiny-cpu.yaml
+    openrlhf-oppo bench core|scorer
+    openrlhf-oppo prepare      # build the tiny task's model/tokenizer assets
+    openrlhf-oppo simulate
+
+Each subcommand lives in `openrlhf_oppo.cli.<name>` and exposes `main(argv) -> int`;
+heavy imports happen inside it, so `openrlhf-oppo bench core` needs no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "train": ("openrlhf_oppo.cli.train", "run OpenRLHF PPO (baselines) or OPPO on a YAML config"),
+    "bench": ("openrlhf_oppo.cli.bench", "micro-benchmarks: `core` (scheduler), `scorer` (streaming prefill)"),
+    "config": ("openrlhf_oppo.cli.config", "resolve, validate and print the OPPO settings (YAML + --oppo.* flags)"),
+    "prepare": ("openrlhf_oppo.cli.prepare", "build the tiny task's tokenizer, models and prompts locally"),
+    "simulate": ("openrlhf_oppo.cli.simulate", "cluster-scale discrete-event simulation of the scheduler"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: openrlhf-oppo <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"openrlhf-oppo: unknown command '{name}'; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module_name = SUBCOMMANDS[name][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            print(f"openrlhf-oppo: command '{name}' is not available in this version", file=sys.stderr)
+            return 2
+        raise
+    try:
+        return int(module.main(rest) or 0)
+    except ValueError as exc:
+        # Config validation errors name the field; one line, no traceback.
+        print(f"openrlhf-oppo {name}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

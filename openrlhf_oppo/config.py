@@ -1,0 +1,329 @@
+"""OPPO's configuration: frozen dataclasses, one source for defaults, help and flags.
+
+Every field carries its help text in ``metadata["help"]``; CLI flags are generated
+from the fields (``--oppo.delta.init 8``, matching OpenRLHF's dotted flags), and YAML
+is read into the same dataclasses. Validation raises ``ValueError`` naming the field
+(as its flag) and the allowed values. A user's value is never rewritten silently.
+
+Stdlib only (PyYAML is imported lazily by :func:`load_yaml`), so the scheduler core
+can depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+FLAG_PREFIX = "oppo"
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def _require(ok: bool, name: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"--{FLAG_PREFIX}.{name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DeltaConfig:
+    """Inter-step overlap: overcommit Δ prompt groups beyond the batch size B."""
+
+    enable: bool = _f(True, "Admit B+Δ prompt groups per step, train on the first B that finish, carry the rest.")
+    init: int = _f(4, "Initial overcommit Δ (prompt groups).")
+    min: int = _f(0, "Lower bound Δ_min (prompt groups).")
+    max: int = _f(16, "Upper bound Δ_max (prompt groups); at most the rollout batch size B.")
+    window_steps: int = _f(4, "Reward window W (steps) of the Δ controller.")
+    inc: int = _f(1, "δ_inc: eq. 4 raises Δ by this while the reward slope is positive.")
+    dec: int = _f(1, "δ_dec: eq. 4 lowers Δ by this while the reward slope is not positive.")
+    rule: str = _f(
+        "eq4",
+        "Δ update rule: 'eq4' (paper eq. 4, reward slope over W steps; default) or 'alg1' "
+        "(paper Algorithm 1 lines 21-27, which moves Δ the opposite way).",
+        choices=("eq4", "alg1"),
+    )
+    adaptive: bool = _f(True, "Adapt Δ online from the reward trend; off keeps Δ = init.")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("init", "min", "max", "inc", "dec"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 0, f"delta.{name}", "an integer >= 0", value)
+        _require(self.min <= self.max, "delta.min", f"<= --{FLAG_PREFIX}.delta.max ({self.max})", self.min)
+        _require(
+            self.min <= self.init <= self.max,
+            "delta.init",
+            f"within [--{FLAG_PREFIX}.delta.min, --{FLAG_PREFIX}.delta.max] = [{self.min}, {self.max}]",
+            self.init,
+        )
+        _require(self.window_steps >= 2, "delta.window_steps", "an integer >= 2", self.window_steps)
+        _require(self.rule in ("eq4", "alg1"), "delta.rule", "one of 'eq4', 'alg1'", self.rule)
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """Intra-step overlap: how many generated tokens make one streamed chunk (C)."""
+
+    size_tokens: int = _f(256, "Chunk size C in tokens (fixed, or the start value when adaptive).")
+    adaptive: bool = _f(False, "Choose C online by trying each candidate every period_steps steps.")
+    candidates: tuple[int, ...] = _f((128, 256, 512), "Candidate chunk sizes (tokens) tried when adaptive.")
+    period_steps: int = _f(50, "Steps between the starts of two rounds of chunk-size trials.")
+    trial_steps: int = _f(2, "Steps each candidate is tried for in a round.")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _require(self.size_tokens >= 1, "chunk.size_tokens", "an integer >= 1", self.size_tokens)
+        _require(
+            len(self.candidates) >= 1 and all(isinstance(c, int) and c >= 1 for c in self.candidates),
+            "chunk.candidates",
+            "a non-empty list of integers >= 1",
+            self.candidates,
+        )
+        _require(len(set(self.candidates)) == len(self.candidates), "chunk.candidates", "free of duplicates", self.candidates)
+        _require(self.trial_steps >= 1, "chunk.trial_steps", "an integer >= 1", self.trial_steps)
+        round_steps = len(self.candidates) * self.trial_steps
+        _require(
+            self.period_steps >= round_steps,
+            "chunk.period_steps",
+            f">= len(candidates) * trial_steps = {round_steps}",
+            self.period_steps,
+        )
+
+
+@dataclass(frozen=True)
+class StalenessConfig:
+    """How long a carried sample may wait and how off-policy tokens are treated."""
+
+    max_deferral_steps: int = _f(
+        3, "A prompt group carried this many steps must finish (and is trained) in the current step."
+    )
+    correction: str = _f(
+        "none",
+        "Off-policy correction with the recorded rollout logprobs: 'none', 'tis' or 'icepop' (OpenRLHF's).",
+        choices=("none", "tis", "icepop"),
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _require(self.max_deferral_steps >= 1, "staleness.max_deferral_steps", "an integer >= 1", self.max_deferral_steps)
+        _require(
+            self.correction in ("none", "tis", "icepop"),
+            "staleness.correction",
+            "one of 'none', 'tis', 'icepop'",
+            self.correction,
+        )
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """Which scorers prefill chunks while the actor decodes."""
+
+    enable: bool = _f(True, "Stream chunks into the scorers during generation (intra-step overlap).")
+    reward: bool = _f(True, "Stream into the reward model.")
+    reference: bool = _f(True, "Stream into the reference model (frozen: its cache survives steps).")
+    critic: bool = _f(False, "Stream into the critic (its cache is valid within one step only).")
+    kv_budget_tokens: int = _f(0, "KV-cache budget per scorer in tokens; 0 = unbounded.")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _require(self.kv_budget_tokens >= 0, "streaming.kv_budget_tokens", "an integer >= 0", self.kv_budget_tokens)
+
+    def scorers(self) -> tuple[str, ...]:
+        """Names of the scorers that receive chunks, in a fixed order."""
+        if not self.enable:
+            return ()
+        return tuple(n for n in ("reward", "reference", "critic") if getattr(self, n))
+
+
+@dataclass(frozen=True)
+class OppoConfig:
+    """Everything OPPO adds to an OpenRLHF PPO run."""
+
+    delta: DeltaConfig = field(default_factory=DeltaConfig, metadata={"help": "Overcommit Δ (inter-step overlap)."})
+    chunk: ChunkConfig = field(default_factory=ChunkConfig, metadata={"help": "Chunk size C (intra-step overlap)."})
+    staleness: StalenessConfig = field(default_factory=StalenessConfig, metadata={"help": "Deferral and off-policy."})
+    streaming: StreamingConfig = field(default_factory=StreamingConfig, metadata={"help": "Streamed scorers."})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for section in (self.delta, self.chunk, self.staleness, self.streaming):
+            section.validate()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Check a YAML/CLI value against the field's type; convert only lossless cases."""
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"--{FLAG_PREFIX}.{name} must be a list, got {value!r}")
+        (item_tp, _) = typing.get_args(tp)
+        return tuple(_coerce(v, item_tp, name) for v in value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"--{FLAG_PREFIX}.{name} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ValueError(f"--{FLAG_PREFIX}.{name} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ValueError(f"--{FLAG_PREFIX}.{name} must be an integer, got {value!r}")
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"--{FLAG_PREFIX}.{name} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config field type {tp!r} for {name}")
+
+
+def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{FLAG_PREFIX}{'.' + path if path else ''} must be a mapping, got {data!r}")
+    hints = _field_types(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = f"{FLAG_PREFIX}.{path}." if path else f"{FLAG_PREFIX}."
+        raise ValueError(f"unknown key '{where}{unknown[0]}'; allowed: {', '.join(sorted(names))}")
+    kwargs = {}
+    for key, value in data.items():
+        name = f"{path}.{key}" if path else key
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, name)
+        else:
+            kwargs[key] = _coerce(value, tp, name)
+    return cls(**kwargs)
+
+
+def from_dict(data: Mapping[str, Any] | None) -> OppoConfig:
+    """Build and validate an :class:`OppoConfig` from a nested mapping (the YAML's ``oppo:``)."""
+    return _build(OppoConfig, data or {}, "")
+
+
+def load_yaml(path: str) -> OppoConfig:
+    """Read the ``oppo:`` section of a YAML file (a file with no such key gives defaults)."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            doc = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise ValueError(f"config file not found: {path}") from None
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{path}: top level must be a mapping")
+    return from_dict(doc.get(FLAG_PREFIX))
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Nested plain-dict form (tuples become lists), for YAML, JSON and checkpoints."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            out[f.name] = to_dict(value)
+        elif isinstance(value, tuple):
+            out[f.name] = list(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def _leaves(cls: type, path: str = "") -> list[tuple[str, Any, dataclasses.Field]]:
+    hints = _field_types(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        name = f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _leaves(hints[f.name], name)
+        else:
+            out.append((name, hints[f.name], f))
+    return out
+
+
+def add_cli_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--oppo.<section>.<field>`` flag per config field (default: unset)."""
+    group = parser.add_argument_group("OPPO", "pipeline overlap (defaults shown; unset flags keep YAML/defaults)")
+    defaults = OppoConfig()
+    for name, tp, f in _leaves(OppoConfig):
+        default = _get_path(defaults, name)
+        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        kw: dict[str, Any] = dict(dest=f"{FLAG_PREFIX}.{name}", default=None, help=f"{f.metadata['help']} [default: {shown}]")
+        if typing.get_origin(tp) is tuple:
+            kw["nargs"] = "+"
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        group.add_argument(f"--{FLAG_PREFIX}.{name}", **kw)
+
+
+def _get_path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def from_cli(args: argparse.Namespace | Mapping[str, Any], base: OppoConfig | None = None) -> OppoConfig:
+    """Overlay the ``--oppo.*`` flags that were given on ``base`` (YAML or defaults)."""
+    values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    data = to_dict(base or OppoConfig())
+    for key, value in values.items():
+        if not key.startswith(FLAG_PREFIX + ".") or value is None:
+            continue
+        *sections, leaf = key.split(".")[1:]
+        node = data
+        for s in sections:
+            node = node[s]
+        node[leaf] = value
+    return from_dict(data)
+
+
+def field_help() -> dict[str, str]:
+    """``{"delta.init": "...", ...}``: the help text of every leaf field."""
+    return {name: f.metadata["help"] for name, _, f in _leaves(OppoConfig)}
+
+
+__all__ = [
+    "ChunkConfig",
+    "DeltaConfig",
+    "OppoConfig",
+    "StalenessConfig",
+    "StreamingConfig",
+    "add_cli_flags",
+    "field_help",
+    "from_cli",
+    "from_dict",
+    "load_yaml",
+    "to_dict",
+]

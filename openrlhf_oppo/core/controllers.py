@@ -1,0 +1,141 @@
+"""Online controllers for OPPO's two knobs: overcommit Δ and chunk size C.
+
+Both share the shape of OpenRLHF's KL controllers: ``.value`` and ``.update(...)``,
+bounded steps, and a ``state_dict`` so a resumed run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig
+
+
+class DeltaController:
+    """Overcommit degree Δ (prompt groups admitted beyond the batch size B).
+
+    Two update rules from the paper (arXiv 2509.25762), which disagree in sign:
+
+    * ``eq4`` (default), eq. 4: with ``s_t`` the slope of the per-step mean reward
+      over the last W steps (least squares),
+      ``Δ_{t+1} = clip(Δ_t + δ_inc, Δ_min, Δ_max)`` if ``s_t > 0`` else
+      ``clip(Δ_t − δ_dec, Δ_min, Δ_max)``. While the reward still climbs, more
+      overcommit is affordable; "as training converges, s_t → 0 and Δ decays
+      toward Δ_min" (the paper's text), which this rule does.
+    * ``alg1``, Algorithm 1 lines 21–27: ``d = mean(last W) − mean(previous W)``,
+      ``Δ ← clip(Δ − sign(d)·max(1, ⌊Δ/4⌋), Δ_min, Δ_max)``: a rising reward
+      *lowers* Δ. Offered as written, for reproducing the algorithm box.
+
+    Before W (eq4) or 2W (alg1) rewards are seen, Δ stays at ``init``.
+    """
+
+    def __init__(self, cfg: DeltaConfig) -> None:
+        self.cfg = cfg
+        self.value = cfg.init if cfg.enable else 0
+        history = 2 * cfg.window_steps if cfg.rule == "alg1" else cfg.window_steps
+        self._rewards: deque[float] = deque(maxlen=history)
+
+    def update(self, mean_reward: float) -> int:
+        """Observe one step's mean reward; return the Δ for the next step."""
+        cfg = self.cfg
+        if not (cfg.enable and cfg.adaptive):
+            return self.value
+        self._rewards.append(float(mean_reward))
+        if len(self._rewards) < self._rewards.maxlen:
+            return self.value
+        if cfg.rule == "eq4":
+            step = cfg.inc if _slope(self._rewards) > 0 else -cfg.dec
+        else:
+            w = cfg.window_steps
+            rewards = list(self._rewards)
+            d = sum(rewards[w:]) / w - sum(rewards[:w]) / w
+            step = -_sign(d) * max(1, self.value // 4)
+        self.value = min(cfg.max, max(cfg.min, self.value + step))
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "rewards": list(self._rewards)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = int(state["value"])
+        self._rewards.clear()
+        self._rewards.extend(float(r) for r in state["rewards"])
+
+
+def _slope(ys: deque[float] | list[float]) -> float:
+    """Least-squares slope of ys against 0..n-1."""
+    n = len(ys)
+    x_mean = (n - 1) / 2
+    y_mean = sum(ys) / n
+    num = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys))
+    den = sum((i - x_mean) ** 2 for i in range(n))
+    return num / den
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+class ChunkSizeController:
+    """Chunk size C in tokens (paper §3.1).
+
+    Fixed, or adaptive: a round of trials tries each candidate for ``trial_steps``
+    steps, then C is the candidate with the best generated tokens per second of the
+    generation+scoring phase; a new round starts every ``period_steps`` steps
+    (counted from the start of the previous round). The first round starts at once.
+    """
+
+    def __init__(self, cfg: ChunkConfig) -> None:
+        self.cfg = cfg
+        self._best = cfg.size_tokens
+        self._steps_since_round = 0
+        # candidates still to try this round, one entry per step
+        self._trial_queue: list[int] = self._new_round() if cfg.adaptive else []
+        self._tokens: dict[int, int] = {}
+        self._seconds: dict[int, float] = {}
+
+    @property
+    def value(self) -> int:
+        return self._trial_queue[0] if self._trial_queue else self._best
+
+    @property
+    def in_trial(self) -> bool:
+        return bool(self._trial_queue)
+
+    def _new_round(self) -> list[int]:
+        return [c for c in self.cfg.candidates for _ in range(self.cfg.trial_steps)]
+
+    def update(self, generated_tokens: int, generation_time_s: float) -> int:
+        """Observe one step under the current C; return C for the next step."""
+        if not self.cfg.adaptive:
+            return self.value
+        self._steps_since_round += 1
+        if self._trial_queue:
+            c = self._trial_queue.pop(0)
+            self._tokens[c] = self._tokens.get(c, 0) + int(generated_tokens)
+            self._seconds[c] = self._seconds.get(c, 0.0) + float(generation_time_s)
+            if not self._trial_queue:
+                self._best = max(self._tokens, key=lambda k: self._tokens[k] / max(self._seconds[k], 1e-9))
+                self._tokens.clear()
+                self._seconds.clear()
+        elif self._steps_since_round >= self.cfg.period_steps:
+            self._steps_since_round = 0
+            self._trial_queue = self._new_round()
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self._best,
+            "steps_since_round": self._steps_since_round,
+            "trial_queue": list(self._trial_queue),
+            "tokens": {str(k): v for k, v in self._tokens.items()},
+            "seconds": {str(k): v for k, v in self._seconds.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._best = int(state["best"])
+        self._steps_since_round = int(state["steps_since_round"])
+        self._trial_queue = [int(c) for c in state["trial_queue"]]
+        self._tokens = {int(k): int(v) for k, v in state["tokens"].items()}
+        self._seconds = {int(k): float(v) for k, v in state["seconds"].items()}

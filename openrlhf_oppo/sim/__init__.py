@@ -1,0 +1,1 @@
+"""Simulation: synthetic rollout engines that drive the real scheduler core."""

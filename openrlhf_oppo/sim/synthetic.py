@@ -1,0 +1,92 @@
+"""A synthetic rollout engine: long-tail response lengths, decoded chunk by chunk.
+
+It drives the real :class:`~openrlhf_oppo.core.OverlapScheduler` the way the Ray
+adapter does (events in, plans out), without models. Scorers acknowledge every chunk
+at once, so a step ends as soon as the batch is complete. Randomness is injected.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Log-normal response lengths (tokens), clipped: most short, a long tail."""
+
+    median_tokens: int = 1000
+    sigma: float = 0.9
+    min_tokens: int = 16
+    max_tokens: int = 16384
+
+    def sample(self, rng: random.Random) -> int:
+        x = int(rng.lognormvariate(math.log(self.median_tokens), self.sigma))
+        return min(self.max_tokens, max(self.min_tokens, x))
+
+
+class SyntheticRollout:
+    """Holds each in-flight sample's target length and decodes in rounds.
+
+    Each round, every unfinished sample emits up to ``tokens_per_round`` tokens
+    (one vLLM streaming delta per sample); a sample that reaches its length finishes.
+    """
+
+    def __init__(self, lengths: LengthModel, rng: random.Random, reward_of_step=None) -> None:
+        self.lengths = lengths
+        self.rng = rng
+        self.remaining: dict[int, int] = {}  # sample id -> tokens still to generate
+        self.reward_of_step = reward_of_step or (lambda step: 0.0)
+
+    def admit(self, plan: StepPlan) -> None:
+        for group in plan.admit:
+            for sid in group.sample_ids:
+                self.remaining[sid] = self.lengths.sample(self.rng)
+
+    def round(self, tokens_per_round: int) -> list[tuple[int, list[int], bool]]:
+        """One decode round: ``(sample_id, new_token_ids, finished)`` per unfinished sample."""
+        block = list(range(tokens_per_round))  # token ids do not matter to the scheduler
+        out = []
+        for sid, left in self.remaining.items():
+            k = min(tokens_per_round, left)
+            out.append((sid, block if k == tokens_per_round else block[:k], k == left))
+        for sid, toks, done in out:
+            if done:
+                del self.remaining[sid]
+            else:
+                self.remaining[sid] -= len(toks)
+        return out
+
+
+def feed_round(sched: OverlapScheduler, events: list[tuple[int, list[int], bool]], version: int) -> None:
+    """Feed one decode round; every scorer acknowledges every chunk at once."""
+    chunks = sched.on_tokens_many([(sid, toks, None) for sid, toks, _ in events], version)
+    for sid, _, done in events:
+        if done:
+            chunks += sched.on_finished(sid, "stop")
+    for name in sched.scorers:
+        sched.on_scored_many(name, chunks)
+
+
+def run_step(
+    sched: OverlapScheduler, engine: SyntheticRollout, step: int, tokens_per_round: int
+) -> tuple[TrainBatch, StepReport, int]:
+    """Run one whole step; returns the batch, the report and the decode rounds it took."""
+    plan = sched.begin_step(step)
+    engine.admit(plan)
+    rounds = 0
+    batch = sched.take_batch()
+    generated = 0
+    while batch is None:
+        if not engine.remaining:
+            raise RuntimeError("engine ran dry before the batch was complete")
+        events = engine.round(tokens_per_round)
+        generated += sum(len(toks) for _, toks, _ in events)
+        feed_round(sched, events, step)
+        rounds += 1
+        batch = sched.take_batch()
+    report = sched.end_step(StepStats(engine.reward_of_step(step), generated, float(rounds)))
+    return batch, report, rounds

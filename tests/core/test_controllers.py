@@ -1,0 +1,84 @@
+"""Δ and C controllers against hand-computed sequences."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig
+from openrlhf_oppo.core import ChunkSizeController, DeltaController
+
+
+def test_eq4_delta_follows_reward_slope_hand_computed():
+    # W=3 least-squares slopes: [.1,.2,.3] +, [.2,.3,.25] + (0.05/2), [.3,.25,.2] -,
+    # [.25,.2,.5] + (0.25/2), [.2,.5,.6] + (clipped at max 4).
+    ctl = DeltaController(DeltaConfig(init=2, min=0, max=4, window_steps=3, inc=1, dec=1, rule="eq4"))
+    seen = [ctl.update(r) for r in [0.1, 0.2, 0.3, 0.25, 0.2, 0.5, 0.6]]
+    assert seen == [2, 2, 3, 4, 3, 4, 4]
+
+
+def test_eq4_flat_reward_decays_delta_to_min():
+    ctl = DeltaController(DeltaConfig(init=3, min=1, max=8, window_steps=2, inc=2, dec=1))
+    assert [ctl.update(1.0) for _ in range(6)] == [3, 2, 1, 1, 1, 1]
+
+
+def test_alg1_delta_moves_against_reward_trend_hand_computed():
+    # W=2, needs 4 rewards. d = mean(last 2) - mean(previous 2); Δ -= sign(d)*max(1, Δ//4)
+    # [1,2,3,4]: d=+2 -> 8-2=6; [2,3,4,4]: d=+1.5 -> 6-1=5; [3,4,4,1]: d=-1 -> 5+1=6;
+    # [4,4,1,1]: d=-3 -> 7; [4,1,1,1]: d=-1.5 -> 8; [1,1,1,1]: d=0 -> 8.
+    ctl = DeltaController(DeltaConfig(init=8, min=0, max=16, window_steps=2, rule="alg1"))
+    seen = [ctl.update(r) for r in [1, 2, 3, 4, 4, 1, 1, 1, 1]]
+    assert seen == [8, 8, 8, 6, 5, 6, 7, 8, 8]
+
+
+def test_delta_disabled_is_zero_and_fixed_delta_never_moves():
+    assert DeltaController(DeltaConfig(enable=False, init=4)).value == 0
+    fixed = DeltaController(DeltaConfig(init=4, adaptive=False, window_steps=2))
+    assert [fixed.update(r) for r in [0, 1, 2, 3]] == [4, 4, 4, 4]
+
+
+def test_delta_controller_state_round_trip():
+    cfg = DeltaConfig(init=2, min=0, max=4, window_steps=3)
+    a = DeltaController(cfg)
+    for r in [0.1, 0.3]:
+        a.update(r)
+    b = DeltaController(cfg)
+    b.load_state_dict(a.state_dict())
+    assert [a.update(r) for r in [0.5, 0.2, 0.9]] == [b.update(r) for r in [0.5, 0.2, 0.9]]
+
+
+def test_chunk_controller_fixed():
+    ctl = ChunkSizeController(ChunkConfig(size_tokens=64))
+    assert [ctl.update(100, 1.0) for _ in range(3)] == [64, 64, 64]
+
+
+def test_chunk_controller_trials_each_candidate_then_keeps_fastest():
+    ctl = ChunkSizeController(
+        ChunkConfig(size_tokens=256, adaptive=True, candidates=(128, 256, 512), period_steps=8, trial_steps=2)
+    )
+    tps = {128: 100.0, 256: 300.0, 512: 200.0}  # tokens per second by C
+    tried = []
+    for _ in range(10):
+        c = ctl.value
+        tried.append(c)
+        ctl.update(int(tps[c] * 2), 2.0)
+    # round 1: 6 trial steps, then the best (256) until step 8 starts round 2
+    assert tried == [128, 128, 256, 256, 512, 512, 256, 256, 128, 128]
+
+
+def test_chunk_controller_state_round_trip():
+    cfg = ChunkConfig(adaptive=True, candidates=(16, 32), period_steps=4, trial_steps=1)
+    a = ChunkSizeController(cfg)
+    a.update(10, 1.0)
+    b = ChunkSizeController(cfg)
+    b.load_state_dict(a.state_dict())
+    assert [a.update(50, 1.0) for _ in range(5)] == [b.update(50, 1.0) for _ in range(5)]
+
+
+@pytest.mark.parametrize("rule", ["eq4", "alg1"])
+def test_delta_stays_in_bounds_on_wild_rewards(rule):
+    import random
+
+    rng = random.Random(0)
+    ctl = DeltaController(DeltaConfig(init=5, min=2, max=7, window_steps=2, inc=3, dec=3, rule=rule))
+    for _ in range(200):
+        assert 2 <= ctl.update(rng.uniform(-100, 100)) <= 7

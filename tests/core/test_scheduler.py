@@ -1,0 +1,250 @@
+"""OverlapScheduler on hand-built event streams."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StalenessConfig, StreamingConfig
+from openrlhf_oppo.core import OverlapScheduler, StepStats
+
+SCORERS = ("reward", "reference")
+
+
+def make_scheduler(B=4, n=1, delta=0, max_delta=None, chunk=4, stream=True, max_deferral=3, scorers=SCORERS):
+    cfg = OppoConfig(
+        delta=DeltaConfig(enable=True, init=delta, min=0, max=delta if max_delta is None else max_delta, adaptive=False),
+        chunk=ChunkConfig(size_tokens=chunk),
+        staleness=StalenessConfig(max_deferral_steps=max_deferral),
+        streaming=StreamingConfig(enable=stream),
+    )
+    return OverlapScheduler(cfg, batch_groups=B, samples_per_group=n, scorers=scorers)
+
+
+def finish_and_score(sched, sid, reason="stop"):
+    for ch in sched.on_finished(sid, reason):
+        for name in sched.scorers:
+            sched.on_scored(sid, name, ch.end, ch.final)
+
+
+def stats(reward=0.0):
+    return StepStats(mean_reward=reward, generated_tokens=100, generation_time_s=1.0)
+
+
+def test_core_imports_without_heavy_dependencies():
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'ray', 'vllm', 'deepspeed', 'transformers'):\n"
+        "    sys.modules[m] = None\n"
+        "import openrlhf_oppo.core, openrlhf_oppo.sim.synthetic, openrlhf_oppo.core.bench\n"
+        "print('ok')\n"
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_figure1_first_four_finished_are_trained_and_two_carried_with_partial_tokens():
+    # Paper Figure 1: B=4, Δ=2. Six prompts run; g1, g5, g4, g0 finish first.
+    sched = make_scheduler(B=4, delta=2, chunk=4)
+    plan = sched.begin_step(0)
+    assert [g.group_id for g in plan.admit] == [0, 1, 2, 3, 4, 5]
+    sids = {g.group_id: g.sample_ids[0] for g in plan.admit}
+    lengths = {0: 5, 1: 2, 2: 9, 3: 6, 4: 3, 5: 2}
+    for gid, length in lengths.items():
+        sched.on_tokens(sids[gid], list(range(100 * gid, 100 * gid + length)), [-0.5] * length, 0)
+    for gid in (1, 5, 4, 0):
+        assert sched.take_batch() is None
+        finish_and_score(sched, sids[gid])
+    batch = sched.take_batch()
+    assert [g.group_id for g in batch.groups] == [1, 5, 4, 0]
+    report = sched.end_step(stats())
+    assert set(report.carried_groups) == {2, 3}
+    assert report.carried_tokens == 9 + 6
+    # the carried samples keep their partial tokens; the next step tops up to B+Δ with 4 new groups
+    plan = sched.begin_step(1)
+    assert set(plan.carried) == {2, 3} and len(plan.admit) == 4
+    assert sched.held_tokens(sids[2]) == list(range(200, 209))
+    sched.on_tokens(sids[2], [7, 7], None, 1)
+    assert sched.held_tokens(sids[2]) == list(range(200, 209)) + [7, 7]
+
+
+def test_delta_zero_streaming_off_is_synchronous_ppo():
+    sched = make_scheduler(B=3, n=2, delta=0, stream=False)
+    for step in range(3):
+        plan = sched.begin_step(step)
+        assert plan.carried == () and len(plan.admit) == 3
+        assert [g.prompt_index for g in plan.admit] == [3 * step, 3 * step + 1, 3 * step + 2]
+        for g in reversed(plan.admit):
+            for sid in g.sample_ids:
+                assert sched.on_tokens(sid, [1] * 10, None, step) == []  # nothing streamed
+                chunks = sched.on_finished(sid)
+                assert [(c.start, c.end, c.final) for c in chunks] == [(0, 10, True)]  # one-shot scoring
+                for name in SCORERS:
+                    sched.on_scored(sid, name, 10, final=True)
+        batch = sched.take_batch()
+        assert {g.group_id for g in batch.groups} == {g.group_id for g in plan.admit}
+        assert sched.end_step(stats()).carried_groups == ()
+
+
+def test_chunks_are_cut_every_C_tokens_and_final_chunk_holds_the_rest():
+    sched = make_scheduler(B=1, chunk=4)
+    (g,) = sched.begin_step(0).admit
+    sid = g.sample_ids[0]
+    assert sched.on_tokens(sid, [1, 2, 3], None, 0) == []
+    assert [(c.start, c.end) for c in sched.on_tokens(sid, [4, 5, 6, 7, 8, 9], None, 0)] == [(0, 4), (4, 8)]
+    assert [(c.start, c.end, c.final) for c in sched.on_finished(sid)] == [(8, 9, True)]
+
+
+def test_sample_is_not_complete_until_every_scorer_acknowledged_the_final_chunk():
+    sched = make_scheduler(B=1, chunk=2)
+    (g,) = sched.begin_step(0).admit
+    sid = g.sample_ids[0]
+    for ch in sched.on_tokens(sid, [1, 2], None, 0):
+        sched.on_scored(sid, "reward", ch.end)
+        sched.on_scored(sid, "reference", ch.end)
+    (final,) = sched.on_finished(sid)
+    assert (final.start, final.end) == (2, 2)  # empty last chunk: the reward head still has to run
+    assert sched.take_batch() is None  # both scorers reached token 2, but no score yet
+    sched.on_scored(sid, "reward", 2, final=True)
+    assert sched.take_batch() is None
+    sched.on_scored(sid, "reference", 2, final=True)
+    assert sched.take_batch() is not None
+
+
+def test_group_is_trained_only_when_all_its_samples_finished():
+    sched = make_scheduler(B=1, n=3, chunk=8)
+    (g,) = sched.begin_step(0).admit
+    for sid in g.sample_ids[:2]:
+        sched.on_tokens(sid, [1], None, 0)
+        finish_and_score(sched, sid)
+    assert sched.take_batch() is None
+    finish_and_score(sched, g.sample_ids[2])
+    assert len(sched.take_batch().groups[0].samples) == 3
+
+
+def test_group_at_max_deferral_must_finish_and_the_batch_waits_for_it():
+    sched = make_scheduler(B=2, delta=1, max_deferral=1, chunk=8)
+    plan = sched.begin_step(0)
+    slow = plan.admit[0].sample_ids[0]
+    sched.on_tokens(slow, [1, 2, 3], None, 0)
+    for g in plan.admit[1:]:
+        finish_and_score(sched, g.sample_ids[0])
+    assert sched.take_batch() is not None
+    sched.end_step(stats())
+    plan = sched.begin_step(1)
+    assert plan.must_finish == (0,)
+    for g in plan.admit:  # the new groups finish first ...
+        finish_and_score(sched, g.sample_ids[0])
+    assert sched.take_batch() is None  # ... but the batch waits for the forced one
+    finish_and_score(sched, slow)
+    batch = sched.take_batch()
+    assert batch.groups[0].group_id == 0 and batch.groups[0].deferrals == 1
+    assert len(batch.groups) == 2
+
+
+def test_token_policy_versions_and_offpolicy_fraction():
+    sched = make_scheduler(B=1, delta=1, chunk=100)
+    plan = sched.begin_step(0)
+    carried, fast = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
+    sched.on_tokens(carried, [1, 2, 3], [-1.0, -1.0, -1.0], 0)
+    finish_and_score(sched, fast)
+    sched.take_batch()
+    sched.end_step(stats())
+    sched.begin_step(1)
+    sched.on_tokens(carried, [4], [-2.0], 1)
+    finish_and_score(sched, carried)
+    batch = sched.take_batch()
+    (sample,) = batch.groups[0].samples
+    assert sample.token_ids == [1, 2, 3, 4]
+    assert sample.token_versions == [0, 0, 0, 1]
+    assert sample.rollout_logprobs == [-1.0, -1.0, -1.0, -2.0]
+    assert batch.offpolicy_token_fraction == pytest.approx(3 / 4)
+    report = sched.end_step(stats())
+    assert report.deferral_hist == {"0": 0, "1": 1, "2": 0, "3+": 0}
+    assert report.deferred_fraction == 1.0
+    assert report.metrics()["oppo/deferral_hist/1"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda s, sid: s.on_tokens(999, [1], None, 0), "unknown sample_id 999"),
+        (lambda s, sid: s.on_tokens(sid, [1, 2], [0.0], 0), "2 tokens but 1 logprobs"),
+        (lambda s, sid: s.on_scored(sid, "critic", 0), "unknown scorer 'critic'"),
+        (lambda s, sid: s.on_scored(sid, "reward", 1), r"only \[0, 0\) was sent"),
+        (lambda s, sid: s.on_finished(sid, "eos"), "finish reason must be one of"),
+        (lambda s, sid: s.on_scored(sid, "reward", 0, final=True), "has not finished"),
+    ],
+)
+def test_bad_events_raise_clear_errors(call, match):
+    sched = make_scheduler(B=1)
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    with pytest.raises(ValueError, match=match):
+        call(sched, sid)
+
+
+def test_tokens_after_finish_and_version_going_back_are_rejected():
+    sched = make_scheduler(B=1)
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    sched.on_tokens(sid, [1], None, 3)
+    with pytest.raises(ValueError, match="went back from 3 to 2"):
+        sched.on_tokens(sid, [1], None, 2)
+    sched.on_finished(sid)
+    with pytest.raises(ValueError, match="tokens after on_finished"):
+        sched.on_tokens(sid, [1], None, 3)
+
+
+def test_step_protocol_errors():
+    sched = make_scheduler(B=1)
+    with pytest.raises(RuntimeError, match="begin_step first"):
+        sched.take_batch()
+    sched.begin_step(0)
+    with pytest.raises(RuntimeError, match="before a batch was taken"):
+        sched.end_step(stats())
+    with pytest.raises(RuntimeError, match="call end_step first"):
+        sched.begin_step(1)
+
+
+def test_delta_max_above_batch_size_is_rejected():
+    with pytest.raises(ValueError, match=r"--oppo\.delta\.max must be <= the rollout batch size \(2"):
+        make_scheduler(B=2, delta=1, max_delta=3)
+
+
+def test_checkpoint_holds_carried_samples_and_resume_restreams_them():
+    sched = make_scheduler(B=1, delta=1, chunk=2)
+    plan = sched.begin_step(0)
+    carried, fast = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
+    for ch in sched.on_tokens(carried, [5, 6, 7], [-0.1, -0.2, -0.3], 0):
+        for name in SCORERS:
+            sched.on_scored(carried, name, ch.end)
+    finish_and_score(sched, fast)
+    sched.take_batch()
+    sched.end_step(stats(0.5))
+    state = json.loads(json.dumps(sched.state_dict()))  # survives JSON
+
+    resumed = make_scheduler(B=1, delta=1, chunk=2)
+    resumed.load_state_dict(state)
+    plan = resumed.begin_step(1)
+    assert plan.carried == (0,) and plan.admit[0].prompt_index == 2
+    assert [(c.sample_id, c.start, c.end, c.final) for c in plan.restream] == [(carried, 0, 2, False)]
+    assert resumed.held_tokens(carried) == [5, 6, 7]
+    for ch in plan.restream:
+        for name in SCORERS:
+            resumed.on_scored_many(name, [ch])
+    resumed.on_tokens(carried, [8], [-0.4], 1)
+    finish_and_score(resumed, carried)
+    batch = resumed.take_batch()
+    (sample,) = batch.groups[0].samples
+    assert sample.token_ids == [5, 6, 7, 8] and sample.token_versions == [0, 0, 0, 1]
+    assert sample.rollout_logprobs == [-0.1, -0.2, -0.3, -0.4]
+    assert resumed.trained_groups_total == 2
+
+
+def test_checkpoint_from_other_shape_is_rejected():
+    sched = make_scheduler(B=2)
+    with pytest.raises(ValueError, match="batch_groups"):
+        make_scheduler(B=3).load_state_dict(sched.state_dict())

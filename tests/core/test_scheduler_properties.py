@@ -1,0 +1,243 @@
+"""DESIGN §3 invariants as properties over random event streams.
+
+A random driver plays engine and scorers: random batch size B, group size n,
+Δ bounds and rule (so Δ changes), chunk size, deferral limit, scorer set,
+response lengths, token deltas, finish order and scorer acknowledgement order,
+and may checkpoint and restore the scheduler between steps. It keeps its own
+record of everything it sent and checks every batch against it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StalenessConfig, StreamingConfig
+from openrlhf_oppo.core import OverlapScheduler, StepStats
+
+
+@st.composite
+def setups(draw):
+    B = draw(st.integers(1, 4))
+    dmax = draw(st.integers(0, B))
+    dmin = draw(st.integers(0, dmax))
+    return dict(
+        B=B,
+        n=draw(st.integers(1, 3)),
+        delta=DeltaConfig(
+            enable=True,
+            init=draw(st.integers(dmin, dmax)),
+            min=dmin,
+            max=dmax,
+            window_steps=2,
+            inc=draw(st.integers(0, 2)),
+            dec=draw(st.integers(0, 2)),
+            rule=draw(st.sampled_from(["eq4", "alg1"])),
+        ),
+        chunk=draw(st.integers(1, 6)),
+        stream=draw(st.booleans()),
+        scorers=draw(st.sampled_from([(), ("reward",), ("reward", "reference")])),
+        max_deferral=draw(st.integers(1, 3)),
+        steps=draw(st.integers(1, 6)),
+        checkpoint=draw(st.booleans()),
+    )
+
+
+class Driver:
+    """Engine + scorers + bookkeeping of what was sent."""
+
+    def __init__(self, setup, data):
+        self.setup = setup
+        self.data = data
+        self.sched = self._new_scheduler()
+        self.sent_tokens: dict[int, list[int]] = {}
+        self.sent_logprobs: dict[int, list[float]] = {}
+        self.sent_versions: dict[int, list[int]] = {}
+        self.target_len: dict[int, int] = {}
+        self.finished: set[int] = set()
+        self.pending: dict[str, list] = {name: [] for name in setup["scorers"]}  # chunks not yet acked
+        self.acked: dict[tuple[str, int], int] = {}
+        self.final_acked: set[tuple[str, int]] = set()
+        self.chunk_ends: dict[int, int] = {}
+        self.admitted: dict[int, tuple[int, ...]] = {}  # group -> sample ids
+        self.trained: list[int] = []
+        self.next_token = 0
+
+    def _new_scheduler(self):
+        s = self.setup
+        cfg = OppoConfig(
+            delta=s["delta"],
+            chunk=ChunkConfig(size_tokens=s["chunk"]),
+            staleness=StalenessConfig(max_deferral_steps=s["max_deferral"]),
+            streaming=StreamingConfig(enable=s["stream"]),
+        )
+        return OverlapScheduler(cfg, batch_groups=s["B"], samples_per_group=s["n"], scorers=s["scorers"])
+
+    def route(self, chunks, c_now):
+        for ch in chunks:
+            # chunks tile the response: contiguous, full-size unless final
+            assert ch.start == self.chunk_ends.get(ch.sample_id, 0)
+            assert ch.final or ch.end - ch.start == c_now
+            self.chunk_ends[ch.sample_id] = ch.end
+            for name in self.setup["scorers"]:
+                self.pending[name].append(ch)
+
+    def emit(self, sid, step, c_now):
+        left = self.target_len[sid] - len(self.sent_tokens[sid])
+        k = self.data.draw(st.integers(0, min(left, 7)))
+        toks = list(range(self.next_token, self.next_token + k))
+        self.next_token += k
+        lps = [-(t % 5) / 10 for t in toks]
+        self.sent_tokens[sid] += toks
+        self.sent_logprobs[sid] += lps
+        self.sent_versions[sid] += [step] * k
+        self.route(self.sched.on_tokens(sid, toks, lps, step), c_now)
+
+    def finish(self, sid, c_now):
+        self.finished.add(sid)
+        self.route(self.sched.on_finished(sid, "stop"), c_now)
+
+    def ack_one(self, name, index):
+        # a scorer prefills one sample's chunks in order; samples interleave freely
+        sid = self.pending[name][index].sample_id
+        index = next(i for i, ch in enumerate(self.pending[name]) if ch.sample_id == sid)
+        ch = self.pending[name].pop(index)
+        self.sched.on_scored(ch.sample_id, name, ch.end, ch.final)
+        self.acked[(name, ch.sample_id)] = ch.end
+        if ch.final:
+            self.final_acked.add((name, ch.sample_id))
+
+    def run_step(self, step):
+        sched, setup = self.sched, self.setup
+        plan = sched.begin_step(step)
+        assert setup["delta"].min <= plan.delta <= setup["delta"].max
+        assert len(plan.carried) + len(plan.admit) >= setup["B"]
+        for ch in plan.restream:
+            self.chunk_ends[ch.sample_id] = 0 if ch.start == 0 else self.chunk_ends[ch.sample_id]
+        self.route(plan.restream, plan.chunk_size_tokens)
+        for g in plan.admit:
+            self.admitted[g.group_id] = g.sample_ids
+            for sid in g.sample_ids:
+                self.sent_tokens[sid], self.sent_logprobs[sid], self.sent_versions[sid] = [], [], []
+                self.target_len[sid] = self.data.draw(st.integers(0, 12))
+        live = [sid for gid in sched.in_flight_groups for sid in self.admitted[gid] if sid not in self.finished]
+        batch = None
+        for _ in range(self.data.draw(st.integers(0, 40))):  # random interleaving
+            actions = ["emit", "finish"] if live else []
+            actions += [f"ack:{n}" for n in setup["scorers"] if self.pending[n]]
+            if not actions:
+                break
+            action = self.data.draw(st.sampled_from(actions))
+            if action.startswith("ack:"):
+                name = action[4:]
+                self.ack_one(name, self.data.draw(st.integers(0, len(self.pending[name]) - 1)))
+            else:
+                sid = self.data.draw(st.sampled_from(live))
+                if action == "emit":
+                    self.emit(sid, step, plan.chunk_size_tokens)
+                else:
+                    self.emit(sid, step, plan.chunk_size_tokens)
+                    self.finish(sid, plan.chunk_size_tokens)
+                    live.remove(sid)
+            batch = batch or sched.take_batch()
+        # drain: finish forced groups first, then the rest in random order, until the batch forms
+        order = sorted(live, key=lambda sid: sched.group_of(sid) not in plan.must_finish)
+        while batch is None:
+            for name in setup["scorers"]:
+                while self.pending[name]:
+                    self.ack_one(name, 0)
+            batch = sched.take_batch()
+            if batch is None:
+                sid = order.pop(0)
+                while len(self.sent_tokens[sid]) < self.target_len[sid]:
+                    self.emit(sid, step, plan.chunk_size_tokens)
+                self.finish(sid, plan.chunk_size_tokens)
+        self.check_batch(batch, plan, step)
+        report = sched.end_step(StepStats(mean_reward=self.data.draw(st.floats(-1, 1)), generated_tokens=1, generation_time_s=1.0))
+        assert setup["delta"].min <= report.next_delta <= setup["delta"].max
+        carried_tokens = sum(len(self.sent_tokens[sid]) for gid in report.carried_groups for sid in self.admitted[gid])
+        assert report.carried_tokens == carried_tokens
+
+    def check_batch(self, batch, plan, step):
+        setup = self.setup
+        assert len(batch.groups) == setup["B"]
+        gids = [g.group_id for g in batch.groups]
+        assert set(plan.must_finish) <= set(gids), "a group at max_deferral_steps was not trained"
+        for g in batch.groups:
+            assert g.deferrals <= setup["max_deferral"]
+            assert g.deferrals == step - g.admitted_step
+            assert tuple(s.sample_id for s in g.samples) == self.admitted[g.group_id]
+            for s in g.samples:
+                sid = s.sample_id
+                assert sid in self.finished, "trained before it finished"
+                for name in setup["scorers"]:
+                    assert (name, sid) in self.final_acked, "trained before every scorer saw the final chunk"
+                    assert self.acked[(name, sid)] == len(self.sent_tokens[sid]), "trained before fully scored"
+                assert s.token_ids == self.sent_tokens[sid], "carried tokens lost or changed"
+                assert s.rollout_logprobs == self.sent_logprobs[sid]
+                assert s.token_versions == self.sent_versions[sid]
+        self.trained += gids
+
+    def checkpoint_restore(self):
+        state = json.loads(json.dumps(self.sched.state_dict()))
+        self.sched = self._new_scheduler()
+        self.sched.load_state_dict(state)
+        # fresh scorers: caches and un-acked chunks are gone; restream resends
+        for name in self.pending:
+            self.pending[name].clear()
+        for key in list(self.acked):
+            self.acked[key] = 0
+        self.final_acked.clear()
+        self.chunk_ends.clear()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data())
+def test_invariants_hold_on_random_event_streams(setup, data):
+    d = Driver(setup, data)
+    for step in range(setup["steps"]):
+        d.run_step(step)
+        if setup["checkpoint"] and data.draw(st.booleans()):
+            d.checkpoint_restore()
+    # every admitted group trained exactly once, or still held
+    assert len(d.trained) == len(set(d.trained))
+    held = set(d.sched.in_flight_groups)
+    assert not held & set(d.trained)
+    assert held | set(d.trained) == set(d.admitted)
+    assert d.sched.admitted_groups_total == len(d.admitted)
+    # held samples kept every token
+    for gid in held:
+        for sid in d.admitted[gid]:
+            assert d.sched.held_tokens(sid) == d.sent_tokens[sid]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    B=st.integers(1, 4),
+    n=st.integers(1, 3),
+    scorers=st.sampled_from([(), ("reward",), ("reward", "reference")]),
+    data=st.data(),
+)
+def test_delta_zero_and_no_streaming_is_exactly_synchronous_ppo(B, n, scorers, data):
+    cfg = OppoConfig(delta=DeltaConfig(enable=False), streaming=StreamingConfig(enable=False))
+    sched = OverlapScheduler(cfg, batch_groups=B, samples_per_group=n, scorers=scorers)
+    for step in range(3):
+        plan = sched.begin_step(step)
+        assert plan.delta == 0 and plan.carried == () and plan.must_finish == ()
+        assert [g.prompt_index for g in plan.admit] == list(range(step * B, step * B + B))
+        sids = [sid for g in plan.admit for sid in g.sample_ids]
+        for sid in data.draw(st.permutations(sids)):
+            toks = [1] * data.draw(st.integers(0, 9))
+            assert sched.on_tokens(sid, toks, None, step) == []
+            chunks = sched.on_finished(sid)
+            assert all(c.start == 0 and c.end == len(toks) and c.final for c in chunks)
+            for name in scorers:
+                assert sched.take_batch() is None
+                sched.on_scored(sid, name, len(toks), final=True)
+        batch = sched.take_batch()
+        assert sorted(g.group_id for g in batch.groups) == [g.group_id for g in plan.admit]
+        assert batch.offpolicy_token_fraction == 0.0
+        report = sched.end_step(StepStats(0.0, 1, 1.0))
+        assert report.carried_groups == () and report.deferral_hist["0"] == B
