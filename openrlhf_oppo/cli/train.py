@@ -1,0 +1,73 @@
+"""`openrlhf-oppo train --schedule sync --config configs/tiny-cpu.yaml [-- extra OpenRLHF flags]`
+
+Translates the YAML into OpenRLHF 0.11.2's own dotted flags, adds the schedule's
+flags (see openrlhf_oppo.integrations.schedules) and runs OpenRLHF's
+`train_ppo_ray` unmodified, with the CPU compat layer where CUDA is absent.
+Progress and metrics are OpenRLHF's (stdout, TensorBoard under <output>/tensorboard,
+wandb offline when configured without a key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from openrlhf_oppo.integrations.schedules import SCHEDULES
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="openrlhf-oppo train", description=__doc__.splitlines()[0])
+    p.add_argument("--schedule", required=True, help=f"one of: {', '.join(SCHEDULES)}")
+    p.add_argument("--config", required=True, help="YAML run config, e.g. configs/tiny-cpu.yaml")
+    p.add_argument("--assets", default=None, help="tiny-task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/tiny)")
+    p.add_argument("--output", default=None, help="run directory (default: runs/<config>-<schedule>)")
+    p.add_argument("--timeout-s", type=float, default=None, help="end the run (exit 124) after this many seconds")
+    p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
+    return p
+
+
+def _task_flags(flags: dict, assets_dir: str | None) -> tuple[dict, Path | None]:
+    """Model and data paths default to the built-in tiny task, built on first use."""
+    needed = {"actor.model_name_or_path", "reward.model_name_or_path", "data.prompt_dataset"}
+    if needed <= flags.keys():
+        return {}, None
+    from openrlhf_oppo.tasks import tiny
+
+    assets = tiny.build(assets_dir)
+    defaults = {
+        "actor.model_name_or_path": str(assets.actor),
+        "reward.model_name_or_path": str(assets.reward),
+        "critic.model_name_or_path": str(assets.critic),
+        "data.prompt_dataset": str(assets.prompts),
+    }
+    return {k: v for k, v in defaults.items() if k not in flags}, assets.actor / "tokenizer.json"
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from openrlhf_oppo.integrations import launcher, schedules, yaml_config
+
+    schedule = schedules.check(args.schedule)
+    config = yaml_config.load(args.config)
+    flags = dict(config.flags)
+    task_defaults, tokenizer_json = _task_flags(flags, args.assets or config.task.get("assets"))
+    flags.update(task_defaults)
+    flags.update(schedules.schedule_flags(args.schedule, flags))
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.config).stem)
+    paths = launcher.RunPaths(Path(args.output or f"runs/{stem}-{args.schedule}").resolve())
+    probe_ids = launcher.probe_prompt_ids(tokenizer_json) if tokenizer_json else None
+    result = launcher.launch(
+        flags, paths, args.extra, probe_ids, timeout_s=args.timeout_s, entry_module=schedule.entry_module
+    )
+
+    probes = launcher.read_probe(paths.sync_probe)
+    changed = sum(1 for a, b in zip(probes, probes[1:]) if a["logprobs"] != b["logprobs"])
+    print(
+        f"openrlhf-oppo train: schedule={args.schedule} exit={result.returncode} wall={result.wall_s:.1f}s "
+        f"weight_syncs={len(probes)} vllm_output_changed_after={changed}/{max(len(probes) - 1, 0)} "
+        f"output={paths.root}",
+        flush=True,
+    )
+    return result.returncode

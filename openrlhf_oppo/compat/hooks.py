@@ -1,0 +1,60 @@
+"""Post-import (and pre-exec) hooks: run a patch when its target module is
+imported, or at once if it already is. Pure standard library."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from typing import Iterable
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner, before, after):
+        self._inner, self._before, self._after = inner, before, after
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        for patch in self._before:
+            patch.fn(module)
+        self._inner.exec_module(module)
+        for patch in self._after:
+            patch.fn(module)
+
+
+class _PatchFinder(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.pending: dict[str, list] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        patches = self.pending.pop(fullname, None)
+        if not patches:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        before = [p for p in patches if p.before_exec]
+        after = [p for p in patches if not p.before_exec]
+        spec.loader = _PatchingLoader(spec.loader, before, after)
+        return spec
+
+
+_FINDER = _PatchFinder()
+_INSTALLED: set[str] = set()
+
+
+def install_hooks(patches: Iterable) -> None:
+    """Register patches; each runs once per process."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    for patch in patches:
+        if patch.name in _INSTALLED:
+            continue
+        _INSTALLED.add(patch.name)
+        module = sys.modules.get(patch.module)
+        if module is not None:
+            patch.fn(module)
+        else:
+            _FINDER.pending.setdefault(patch.module, []).append(patch)

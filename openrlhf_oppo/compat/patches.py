@@ -1,0 +1,150 @@
+"""Every CPU patch of the compat layer, one function each, listed in `PATCHES`.
+
+Each names the upstream version it was written against and why it exists; each
+has a test in tests/compat/ that fails when upstream changes the patched thing.
+A patch runs when its module is imported (after it executes, or before with
+`before_exec`), only in processes where CUDA is absent (`_gated`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+OPENRLHF_VERSION = "0.11.2"
+DEEPSPEED_VERSION = "0.19.6"
+VLLM_VERSION = "0.29.0"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    module: str  # the module whose import triggers the patch
+    fn: Callable  # fn(module) -> None; already gated on CUDA absence
+    upstream: str  # "openrlhf 0.11.2", ...
+    before_exec: bool = False
+
+
+def _gated(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(module) -> None:
+        from openrlhf_oppo.compat.env import cuda_available
+
+        if cuda_available():
+            return
+        fn(module)
+
+    return wrapper
+
+
+@_gated
+def flash_attn_standin(module) -> None:
+    """openrlhf 0.11.2 `models/ring_attn_utils.py` imports `flash_attn.bert_padding`
+    and `flash_attn.utils.distributed` at module top; flash-attn is CUDA-only.
+    Register pure-torch stand-ins just before that module executes."""
+    from openrlhf_oppo.compat import flash_attn_standin as standin
+
+    standin.install()
+
+
+def _noop(*args, **kwargs) -> None:
+    return None
+
+
+def _cpu_device() -> str:
+    return "cpu"
+
+
+@_gated
+def cuda_calls_to_cpu(module) -> None:
+    """openrlhf 0.11.2 calls `torch.cuda.set_device(local_rank)` (DeepspeedStrategy.
+    setup_distributed), `torch.cuda.current_device()` as a tensor device (critic,
+    reward, reference, actor, strategy all_reduce/all_gather) and
+    `torch.cuda.synchronize()` (torch_dist_barrier_and_cuda_sync, offload paths).
+    On a CPU torch these raise; redirect them to the CPU. Triggered by the import of
+    `openrlhf.utils.deepspeed.deepspeed`, so only training processes are touched."""
+    import torch
+
+    torch.cuda.set_device = _noop
+    torch.cuda.current_device = _cpu_device
+    torch.cuda.synchronize = _noop
+
+
+@_gated
+def replay_buffer_on_cpu(module) -> None:
+    """openrlhf 0.11.2 `NaiveReplayBuffer.__init__` builds
+    `torch.device(f"cuda:{torch.cuda.current_device()}")`: keep its batches on CPU."""
+    import torch
+
+    cls = module.NaiveReplayBuffer
+    original_init = cls.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        current_device = torch.cuda.current_device
+        torch.cuda.current_device = lambda: 0  # makes "cuda:0", a valid (unused) device string
+        try:
+            original_init(self, *args, **kwargs)
+        finally:
+            torch.cuda.current_device = current_device
+        self.target_device = torch.device("cpu")
+
+    cls.__init__ = __init__
+
+
+def _sequential_allgather(make_config: Callable) -> Callable:
+    @functools.wraps(make_config)
+    def wrapper(*args, **kwargs):
+        config = make_config(*args, **kwargs)
+        config["zero_optimization"]["stage3_allgather_sequential"] = True
+        return config
+
+    return wrapper
+
+
+@_gated
+def zero3_sequential_allgather(module) -> None:
+    """deepspeed 0.19.6 `Init._allgather_params_coalesced` waits only on the last of
+    several async all-gathers; gloo completes them out of order, which silently
+    corrupts ZeRO-3 weights at load with >= 2 ranks (ENVIRONMENT.md item 7). Set
+    `stage3_allgather_sequential` in the configs openrlhf 0.11.2's strategy builds
+    (`get_train_ds_config` / `get_eval_ds_config`, imported by name into
+    `openrlhf.utils.deepspeed.deepspeed`)."""
+    module.get_train_ds_config = _sequential_allgather(module.get_train_ds_config)
+    module.get_eval_ds_config = _sequential_allgather(module.get_eval_ds_config)
+
+
+@_gated
+def weight_sync_sender(module) -> None:
+    """openrlhf 0.11.2 `ActorPPOTrainer` syncs weights over NCCL / CUDA IPC; send
+    them through Ray instead (see `openrlhf_oppo.compat.weight_sync`)."""
+    from openrlhf_oppo.compat import weight_sync
+
+    module.ActorPPOTrainer.broadcast_to_vllm = weight_sync.broadcast_to_vllm
+    module.ActorPPOTrainer._init_vllm_sync_group = weight_sync.init_vllm_sync_group
+
+
+@_gated
+def weight_sync_receiver(module) -> None:
+    """openrlhf 0.11.2 `WorkerWrap` (vLLM worker extension) receives weights over
+    NCCL into a CUDA tensor and calls `model.load_weights`, which vLLM 0.29 CPU's
+    repacked linears reject; receive the Ray payload and `reload_weights` instead."""
+    from openrlhf_oppo.compat import weight_sync
+
+    module.WorkerWrap.update_weight = weight_sync.worker_update_weight
+    module.WorkerWrap.init_process_group = weight_sync.worker_init_process_group
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("flash_attn_standin", "openrlhf.models.ring_attn_utils", flash_attn_standin,
+          f"openrlhf {OPENRLHF_VERSION}", before_exec=True),
+    Patch("cuda_calls_to_cpu", "openrlhf.utils.deepspeed.deepspeed", cuda_calls_to_cpu, f"openrlhf {OPENRLHF_VERSION}"),
+    Patch("replay_buffer_on_cpu", "openrlhf.trainer.ppo_utils.replay_buffer", replay_buffer_on_cpu,
+          f"openrlhf {OPENRLHF_VERSION}"),
+    Patch("zero3_sequential_allgather", "openrlhf.utils.deepspeed.deepspeed", zero3_sequential_allgather,
+          f"deepspeed {DEEPSPEED_VERSION}, openrlhf {OPENRLHF_VERSION}"),
+    Patch("weight_sync_sender", "openrlhf.trainer.ray.ppo_actor", weight_sync_sender, f"openrlhf {OPENRLHF_VERSION}"),
+    Patch("weight_sync_receiver", "openrlhf.trainer.ray.vllm_worker_wrap", weight_sync_receiver,
+          f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
+)

@@ -1,0 +1,121 @@
+"""Weight sync from the DeepSpeed policy actor into vLLM's CPU engine.
+
+OpenRLHF 0.11.2 syncs with an NCCL group (`_init_vllm_sync_group` +
+`ActorPPOTrainer.broadcast_to_vllm` -> `WorkerWrap.update_weight`, which
+`torch.empty(..., device="cuda")` and `model.load_weights`) or CUDA IPC. Neither
+exists on CPU, and vLLM CPU repacks linear weights so `model.load_weights` fails
+("'Parameter' object has no attribute 'weight_loader'").
+
+Here rank 0 gathers each parameter (ZeRO-3: `deepspeed.zero.GatheredParameters`,
+a collective every rank joins) and sends the whole state dict as raw bytes through
+the engine's *existing* `update_weight` Ray method (the payload rides in its
+`name` argument); the worker side rebuilds tensors with `torch.frombuffer` and calls
+`model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`,
+which re-runs vLLM's own loading + repacking. One RPC per sync is fine for tiny
+models; real models would need chunking (and have NCCL anyway).
+
+Optional probe (for tests and the CLI's sync check): with OPPO_SYNC_PROBE=<file>,
+rank 0 asks engine 0 for a greedy completion of a fixed prompt after every sync and
+appends {"sync", "prompt_token_ids", "token_ids", "logprobs"} to <file> (jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+PAYLOAD_TAG = "openrlhf_oppo.weights.v1"
+PROBE_ENV = "OPPO_SYNC_PROBE"
+PROBE_PROMPT_ENV = "OPPO_SYNC_PROBE_PROMPT"  # comma-separated token ids
+PROBE_MAX_TOKENS = 16
+
+
+def pack_tensor(name: str, tensor) -> tuple[str, bytes, tuple[int, ...], str]:
+    import torch
+
+    t = tensor.detach().to("cpu").contiguous()
+    return name, t.view(torch.uint8).numpy().tobytes(), tuple(t.shape), str(t.dtype).removeprefix("torch.")
+
+
+def unpack_tensor(item) -> tuple[str, Any]:
+    import torch
+
+    name, raw, shape, dtype = item
+    dtype = getattr(torch, dtype)
+    if len(raw) == 0:
+        return name, torch.empty(shape, dtype=dtype)
+    return name, torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+
+
+def broadcast_to_vllm(self) -> None:
+    """Replacement for `ActorPPOTrainer.broadcast_to_vllm` (OpenRLHF 0.11.2)."""
+    import deepspeed
+    import ray
+    import torch
+
+    args = self.strategy.args
+    rank0 = torch.distributed.get_rank() == 0
+    model = self.actor.model.module
+    zero3 = args.ds.zero_stage == 3
+    packed = []
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], enabled=zero3):
+            if rank0:
+                packed.append(pack_tensor(name, param.data))
+    if rank0:
+        payload = {"tag": PAYLOAD_TAG, "weights": packed}
+        ray.get([engine.update_weight.remote(payload, None, None, True) for engine in self.vllm_engines])
+        if args.vllm.enable_prefix_caching:
+            ray.get([engine.reset_prefix_cache.remote() for engine in self.vllm_engines])
+        _probe(self)
+    torch.distributed.barrier()
+
+
+def init_vllm_sync_group(self, backend: str) -> None:
+    """Replacement for `ActorPPOTrainer._init_vllm_sync_group`: nothing to set up;
+    weights travel through Ray (see module docstring)."""
+
+
+def worker_update_weight(self, name, dtype=None, shape=None, empty_cache=False) -> None:
+    """Replacement for `WorkerWrap.update_weight` (runs inside vLLM's worker)."""
+    if not (isinstance(name, dict) and name.get("tag") == PAYLOAD_TAG):
+        raise RuntimeError(
+            "openrlhf_oppo CPU weight sync expects a packed state dict; the NCCL path of "
+            "OpenRLHF's WorkerWrap.update_weight cannot run without CUDA"
+        )
+    weights = [unpack_tensor(item) for item in name["weights"]]
+    self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+
+
+def worker_init_process_group(self, *args, **kwargs) -> None:
+    """Replacement for `WorkerWrap.init_process_group`: no NCCL group on CPU."""
+
+
+def _probe(trainer) -> None:
+    path = os.environ.get(PROBE_ENV)
+    if not path:
+        return
+    from vllm import SamplingParams
+
+    prompt = [int(t) for t in os.environ.get(PROBE_PROMPT_ENV, "1").split(",")]
+    params = SamplingParams(temperature=0.0, max_tokens=PROBE_MAX_TOKENS, logprobs=0, ignore_eos=True)
+    ref = trainer.vllm_engines[0].generate.remote(prompt, params)
+    if trainer.strategy.args.train.partial_rollout_enable:
+        # OpenRLHF pauses the engine around this sync and resumes it after we return:
+        # waiting here would deadlock, so the probe is recorded once it completes.
+        threading.Thread(target=_record_probe, args=(path, prompt, ref), daemon=True).start()
+    else:
+        _record_probe(path, prompt, ref)
+
+
+def _record_probe(path: str, prompt: list[int], ref) -> None:
+    import ray
+
+    completion = ray.get(ref).outputs[0]
+    logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, completion.token_ids)]
+    done = sum(1 for _ in open(path)) if os.path.exists(path) else 0
+    record = {"sync": done + 1, "prompt_token_ids": prompt, "token_ids": list(completion.token_ids), "logprobs": logprobs}
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -1,0 +1,145 @@
+"""Run OpenRLHF 0.11.2's `python -m openrlhf.cli.train_ppo_ray` unmodified (or a
+drop-in entry point with the same flags, named by the schedule).
+
+The run is a child process in its own session: OpenRLHF's own `ray.init()` starts
+a local Ray cluster under it, and when it ends everything left in that session
+(raylet, workers, vLLM engine processes) is ended, so no zombies outlive a run.
+Where CUDA is absent the child gets `openrlhf_oppo.compat.launch_env()` (the
+sitecustomize that patches every process of the run, logical GPUs for Ray, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openrlhf_oppo import compat
+from openrlhf_oppo.compat import weight_sync
+from openrlhf_oppo.integrations.openrlhf_flags import TRAIN_MODULE
+from openrlhf_oppo.integrations.yaml_config import to_argv
+
+PROBE_TEXT = "question: red cat answer:"
+WANDB_PLACEHOLDER_KEY = "0" * 40  # wandb.login wants a 40-char key; offline mode never sends it
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def critic(self) -> Path:
+        return self.root / "model_critic"  # OpenRLHF saves the critic to <output_dir>_critic
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def sync_probe(self) -> Path:
+        return self.root / "sync_probe.jsonl"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    returncode: int
+    wall_s: float
+    paths: RunPaths
+
+
+def run_flags(paths: RunPaths, flags: dict[str, Any]) -> dict[str, Any]:
+    """Output locations of a run, unless the config sets them."""
+    defaults = {
+        "ckpt.output_dir": str(paths.model),
+        "ckpt.path": str(paths.checkpoints),
+        "logger.tensorboard_dir": str(paths.tensorboard),
+    }
+    return {**defaults, **flags}
+
+
+def probe_prompt_ids(tokenizer_json: Path) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_json)).encode(PROBE_TEXT).ids
+
+
+def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(compat.launch_env(env))
+    if probe_ids:
+        env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
+        env[weight_sync.PROBE_PROMPT_ENV] = ",".join(map(str, probe_ids))
+    if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
+        env["WANDB_MODE"] = "offline"
+        env.setdefault("WANDB_DIR", str(paths.root))
+    return env
+
+
+TIMEOUT_RETURNCODE = 124
+
+
+def launch(
+    flags: dict[str, Any],
+    paths: RunPaths,
+    extra_argv: list[str],
+    probe_ids: list[int] | None,
+    timeout_s: float | None = None,
+    entry_module: str = TRAIN_MODULE,
+) -> RunResult:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.sync_probe.unlink(missing_ok=True)
+    flags = run_flags(paths, flags)
+    if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
+        flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY
+    argv = [sys.executable, "-m", entry_module, *to_argv(flags), *extra_argv]
+    (paths.root / "command.json").write_text(json.dumps(argv, indent=1))
+    print("openrlhf-oppo train: " + " ".join(argv[1:]), flush=True)
+    start = time.monotonic()
+    child = subprocess.Popen(argv, env=child_env(paths, flags, probe_ids), start_new_session=True)
+    try:
+        returncode = child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"openrlhf-oppo train: no result after {timeout_s:.0f}s; ending the run", flush=True)
+        returncode = TIMEOUT_RETURNCODE
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        returncode = child.wait()
+    finally:
+        _end_session(child.pid)
+    return RunResult(returncode=returncode, wall_s=time.monotonic() - start, paths=paths)
+
+
+def _end_session(session_id: int, grace_s: float = 5.0) -> None:
+    """End what is left in the child's session (Ray daemons, workers, vLLM)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(session_id, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(session_id, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.2)
+
+
+def read_probe(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

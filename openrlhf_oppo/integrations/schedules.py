@@ -1,0 +1,73 @@
+"""Schedule name -> OpenRLHF 0.11.2 flags. Adding a schedule is adding a row.
+
+    sync        OpenRLHF's synchronous PPO (generate -> score -> train -> sync)
+    async       --train.async_enable: rollout in a background loop, a queue to the trainer
+    partial     + --train.partial_rollout_enable: vLLM pause/resume(keep) across weight sync
+    oversample  async with --rollout.vllm_generate_batch_size = 2 x rollout.batch_size:
+                the extra prompts are generated to completion and queued
+    oppo*       OPPO's own schedules (intra-step streaming, inter-step carry-over):
+                reserved names, not yet available
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+FlagValue = object  # bool | int | float | str | list
+FlagFn = Callable[[dict[str, FlagValue]], FlagValue]  # derives a value from the other flags
+
+
+def _oversampled_batch(flags: dict[str, FlagValue]) -> int:
+    return 2 * int(flags["rollout.batch_size"])
+
+
+OPENRLHF_ENTRY = "openrlhf.cli.train_ppo_ray"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    summary: str
+    flags: dict[str, FlagValue | FlagFn] = field(default_factory=dict)
+    available: bool = True
+    entry_module: str = OPENRLHF_ENTRY  # run as `python -m <entry_module> <flags>`
+
+
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s
+    for s in (
+        Schedule("sync", "OpenRLHF synchronous PPO"),
+        Schedule("async", "OpenRLHF --train.async_enable", {"train.async_enable": True}),
+        Schedule(
+            "partial",
+            "OpenRLHF async + --train.partial_rollout_enable",
+            {"train.async_enable": True, "train.partial_rollout_enable": True},
+        ),
+        Schedule(
+            "oversample",
+            "OpenRLHF async over-sampling (vllm_generate_batch_size = 2 x rollout.batch_size)",
+            {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
+        ),
+        Schedule("oppo", "OPPO intra- and inter-step overlap", available=False),
+        Schedule("oppo-intra", "OPPO intra-step streaming only", available=False),
+        Schedule("oppo-inter", "OPPO inter-step carry-over only", available=False),
+    )
+}
+
+
+def check(name: str) -> Schedule:
+    """The schedule called `name`; ValueError naming the allowed ones otherwise."""
+    schedule = SCHEDULES.get(name)
+    if schedule is None:
+        raise ValueError(f"--schedule: unknown schedule '{name}'; allowed: {', '.join(SCHEDULES)}")
+    if not schedule.available:
+        available = ", ".join(n for n, s in SCHEDULES.items() if s.available)
+        raise ValueError(f"--schedule {name}: not yet available in this version; available now: {available}")
+    return schedule
+
+
+def schedule_flags(name: str, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
+    """The flags schedule `name` adds on top of `flags` (the config's)."""
+    schedule = check(name)
+    return {key: value(flags) if callable(value) else value for key, value in schedule.flags.items()}

@@ -1,0 +1,171 @@
+"""Tiny PPO task assets, built in code and cached on disk.
+
+Layout under the assets directory (all standard transformers layout, so OpenRLHF,
+vLLM and plain transformers load them unchanged):
+
+    tokenizer/   byte-level BPE made with `tokenizers`, saved as a transformers tokenizer
+    actor/       Qwen2ForCausalLM (+ tokenizer): actor and reference
+    reward/      Qwen2ForSequenceClassification, num_labels=1 (+ tokenizer). Its keys
+                 are `model.*` + `score.weight`, exactly OpenRLHF's reward/critic layout
+                 (`get_llm_for_sequence_regression`, value_head_prefix "score"); the
+                 critic is initialised from it, as OpenRLHF does by default.
+    prompts.jsonl  {"input": ..., "label": ...} per line
+    BUILD_OK     written last; its content is the asset version
+
+Sizes: hidden 64, 2 heads (head_dim 32, the smallest vLLM CPU attention supports),
+2 layers: a few hundred thousand parameters, so a PPO step takes well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+ASSET_VERSION = "tiny-v1"
+DEFAULT_ASSETS_DIR = Path(os.environ.get("OPPO_ASSETS_DIR", "~/.cache/openrlhf_oppo/tiny")).expanduser()
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
+WORDS = (
+    "the a one two three four five six seven eight nine ten red green blue cat dog bird fish "
+    "sum count add list say name word answer question why how what is are of to and or not yes no"
+).split()
+NUM_PROMPTS = 256
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of the tiny Qwen2 models. head_dim = hidden_size // num_attention_heads
+    must be one of vLLM CPU's supported head sizes (>= 32)."""
+
+    vocab_size: int = 512  # tokenizer vocab is trained to at most this size
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 512
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class TinyAssets:
+    """Paths of a built asset directory."""
+
+    root: Path
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def actor(self) -> Path:
+        return self.root / "actor"
+
+    @property
+    def reward(self) -> Path:
+        return self.root / "reward"
+
+    @property
+    def critic(self) -> Path:
+        return self.root / "reward"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts.jsonl"
+
+    def is_built(self) -> bool:
+        marker = self.root / "BUILD_OK"
+        return marker.exists() and marker.read_text().strip() == ASSET_VERSION
+
+
+def _corpus(rng: random.Random, n_lines: int) -> list[str]:
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(n_lines)]
+
+
+def prompt_records(seed: int = 0, n: int = NUM_PROMPTS) -> list[dict]:
+    """Small deterministic prompt set: 'question: <words> answer:'."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
+        records.append({"input": "question: " + " ".join(words) + " answer:", "label": str(len(words))})
+    return records
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0):
+    """Byte-level BPE trained on a generated corpus, saved as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = _corpus(random.Random(seed), 2000) + [r["input"] for r in prompt_records()]
+    tok.train_from_iterator(corpus, trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>"
+    )
+    hf_tok.padding_side = "left"
+    hf_tok.save_pretrained(out_dir)
+    return hf_tok
+
+
+def _qwen2_config(spec: TinyModelSpec, tokenizer, **extra):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="bfloat16",
+        **extra,
+    )
+
+
+def build(root: Path | str | None = None, spec: TinyModelSpec = TinyModelSpec(), force: bool = False) -> TinyAssets:
+    """Build the assets under `root` (default ~/.cache/openrlhf_oppo/tiny) unless
+    already built. Deterministic for a given spec."""
+    import torch
+    from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    assets = TinyAssets(Path(root).expanduser() if root else DEFAULT_ASSETS_DIR)
+    if assets.is_built() and not force:
+        return assets
+    assets.root.mkdir(parents=True, exist_ok=True)
+    (assets.root / "BUILD_OK").unlink(missing_ok=True)
+
+    tokenizer = build_tokenizer(assets.tokenizer, spec.vocab_size)
+    assert len(tokenizer) <= spec.vocab_size, (len(tokenizer), spec.vocab_size)
+
+    torch.manual_seed(spec.seed)
+    actor = Qwen2ForCausalLM(_qwen2_config(spec, tokenizer)).to(torch.bfloat16)
+    actor.save_pretrained(assets.actor)
+    tokenizer.save_pretrained(assets.actor)
+
+    torch.manual_seed(spec.seed + 1)
+    reward = Qwen2ForSequenceClassification(_qwen2_config(spec, tokenizer, num_labels=1)).to(torch.bfloat16)
+    reward.save_pretrained(assets.reward)
+    tokenizer.save_pretrained(assets.reward)
+
+    with assets.prompts.open("w") as f:
+        for rec in prompt_records():
+            f.write(json.dumps(rec) + "\n")
+    (assets.root / "BUILD_OK").write_text(ASSET_VERSION)
+    return assets

