@@ -1,0 +1,219 @@
+"""Load a reward (or critic) model from a local directory, in either layout the scorers read.
+
+- **transformers layout**: a `*ForSequenceClassification` checkpoint with
+  `num_labels=1` (`config.architectures[0]` ends with `ForSequenceClassification`).
+- **OpenRLHF layout** (what `openrlhf.cli.train_rm` saves, openrlhf 0.11.2):
+  `config.json` of the base model plus `value_head_prefix`, `mean`, `std`
+  (written by `RewardModelTrainer`) and `architectures: ["RewardModel"]`; weights
+  `{base_model_prefix}.*` for the base decoder and `{value_head_prefix}.weight`
+  for a bias-free `Linear(hidden, 1)`.
+
+`OpenRLHFRewardModel` / `OpenRLHFCriticModel` mirror openrlhf's `RewardModel` /
+`CriticModel` (`openrlhf/models/model.py`: `_get_reward_model`,
+`_get_critic_model`) without importing openrlhf, whose model module imports
+flash-attn at top level. Their `forward` is OpenRLHF's, line for line, for the
+non-packed path; a test compares them with OpenRLHF's own classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PretrainedConfig
+
+LAYOUTS = ("auto", "transformers", "openrlhf")
+_OPENRLHF_ARCHITECTURES = ("RewardModel", "CriticModel")
+
+
+class _OpenRLHFValueModel(nn.Module):
+    """Base decoder + bias-free linear value head + reward normalisation buffers (OpenRLHF's layout)."""
+
+    def __init__(self, config: PretrainedConfig, value_head_prefix: str = "score", normalize_reward: bool = False,
+                 attn_implementation: str = "sdpa"):
+        super().__init__()
+        self.config = config
+        base = AutoModel.from_config(config, attn_implementation=attn_implementation)
+        # OpenRLHF stores the decoder under the PreTrainedModel's base_model_prefix ("model" for Llama/Qwen2).
+        self.base_model_prefix = type(base).base_model_prefix
+        setattr(self, self.base_model_prefix, base)
+        self.value_head_prefix = value_head_prefix
+        setattr(self, value_head_prefix, nn.Linear(config.hidden_size, 1, bias=False))
+        self.normalize_reward = normalize_reward
+        self.register_buffer("mean", torch.zeros(1), persistent=False)
+        self.register_buffer("std", torch.ones(1), persistent=False)
+        if hasattr(config, "mean"):
+            self.mean[0] = config.mean
+            self.std[0] = config.std
+
+    def _position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        # https://github.com/OpenRLHF/OpenRLHF/issues/217 (left padding)
+        position_ids = attention_mask.long().cumsum(-1) - 1
+        position_ids.masked_fill_(attention_mask == 0, 1)
+        return position_ids
+
+
+class OpenRLHFRewardModel(_OpenRLHFValueModel):
+    """Mirror of openrlhf 0.11.2 `RewardModel` (non-packed path)."""
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        eos_indices = attention_mask.size(1) - 1 - attention_mask.long().fliplr().argmax(dim=1, keepdim=True)
+        outputs = getattr(self, self.base_model_prefix)(
+            input_ids, attention_mask=attention_mask, position_ids=self._position_ids(attention_mask)
+        )
+        values = getattr(self, self.value_head_prefix)(outputs["last_hidden_state"]).squeeze(-1)
+        reward = values.gather(dim=1, index=eos_indices).squeeze(1)
+        if not self.training and self.normalize_reward:
+            reward = (reward - self.mean) / self.std
+        return reward  # (B,)
+
+
+class OpenRLHFCriticModel(_OpenRLHFValueModel):
+    """Mirror of openrlhf 0.11.2 `CriticModel` (non-packed path)."""
+
+    def forward(self, input_ids: torch.LongTensor, action_mask: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        outputs = getattr(self, self.base_model_prefix)(
+            input_ids, attention_mask=attention_mask, position_ids=self._position_ids(attention_mask)
+        )
+        values = getattr(self, self.value_head_prefix)(outputs["last_hidden_state"]).squeeze(-1)
+        values = values[:, :-1]
+        if self.normalize_reward:
+            values = (values - self.mean) / self.std
+        return values[:, -action_mask.shape[1] :] * action_mask.float()  # (B, A)
+
+
+def detect_layout(path: str | os.PathLike) -> str:
+    """'transformers' or 'openrlhf' for the checkpoint directory at `path`."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    architectures = config.get("architectures") or []
+    if architectures and architectures[0].endswith("ForSequenceClassification"):
+        return "transformers"
+    if "value_head_prefix" in config or (architectures and architectures[0] in _OPENRLHF_ARCHITECTURES):
+        return "openrlhf"
+    raise ValueError(
+        f"{path}: cannot tell the reward-model layout (architectures={architectures}, no value_head_prefix); "
+        "pass layout='transformers' or layout='openrlhf'"
+    )
+
+
+def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for name in files:
+            state.update(load_file(str(path / name)))
+        return state
+    if (path / "model.safetensors").exists():
+        return load_file(str(path / "model.safetensors"))
+    if (path / "pytorch_model.bin").exists():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{path}: no model.safetensors(.index.json) or pytorch_model.bin")
+
+
+def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward: bool, value_head_prefix: str,
+                   dtype: torch.dtype, attn_implementation: str) -> _OpenRLHFValueModel:
+    config = AutoConfig.from_pretrained(path)
+    # As OpenRLHF: the prefix saved in the config wins over the argument.
+    prefix = getattr(config, "value_head_prefix", value_head_prefix)
+    model = cls(config, value_head_prefix=prefix, normalize_reward=normalize_reward,
+                attn_implementation=attn_implementation)
+    state = _load_state_dict(path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: weights do not match the OpenRLHF layout with value_head_prefix={prefix!r} "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
+    # mean/std are float32 buffers in OpenRLHF too; only parameters follow dtype.
+    return model.to(dtype).eval()
+
+
+def _load_transformers(path: Path, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    if model.config.num_labels != 1:
+        raise ValueError(f"{path}: num_labels={model.config.num_labels}; a reward model needs num_labels=1")
+    return model.eval()
+
+
+def load_reward_model(
+    path: str | os.PathLike,
+    *,
+    layout: str = "auto",
+    normalize_reward: bool = False,
+    value_head_prefix: str = "score",
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> nn.Module:
+    """Load a reward model from a local directory, in eval mode, for `StreamingRewardScorer`.
+
+    Args:
+        layout: 'auto' (from config.json), 'transformers' or 'openrlhf'.
+        normalize_reward: OpenRLHF layout only, as OpenRLHF's `--reward.normalize_enable`:
+            apply `(r - mean) / std` with `mean`/`std` from config.json (0/1 if absent).
+        value_head_prefix: OpenRLHF layout only; `value_head_prefix` in config.json wins.
+    """
+    return _load_value_model(path, OpenRLHFRewardModel, layout, normalize_reward, value_head_prefix, dtype,
+                             attn_implementation)
+
+
+def load_critic_model(
+    path: str | os.PathLike,
+    *,
+    layout: str = "auto",
+    normalize_reward: bool = False,
+    value_head_prefix: str = "score",
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> nn.Module:
+    """Load a critic (same layouts as `load_reward_model`), in eval mode, for `StreamingCriticScorer`."""
+    return _load_value_model(path, OpenRLHFCriticModel, layout, normalize_reward, value_head_prefix, dtype,
+                             attn_implementation)
+
+
+def _load_value_model(path, cls, layout, normalize_reward, value_head_prefix, dtype, attn_implementation) -> nn.Module:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path}: no config.json (expected a local model directory)")
+    if layout == "auto":
+        layout = detect_layout(path)
+    if layout == "transformers":
+        if normalize_reward:
+            raise ValueError("normalize_reward applies to the OpenRLHF layout only")
+        return _load_transformers(path, dtype, attn_implementation)
+    return _load_openrlhf(path, cls, normalize_reward, value_head_prefix, dtype, attn_implementation)
+
+
+def save_openrlhf_value_model(model: _OpenRLHFValueModel, path: str | os.PathLike) -> None:
+    """Write `model` in OpenRLHF's layout (as `openrlhf.cli.train_rm` does): config.json + model.safetensors.
+
+    `mean`/`std` go to config.json (they are non-persistent buffers), as
+    OpenRLHF's `RewardModelTrainer` writes them.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.update(
+        architectures=["CriticModel" if isinstance(model, OpenRLHFCriticModel) else "RewardModel"],
+        value_head_prefix=model.value_head_prefix,
+        normalize_reward=bool(model.normalize_reward),
+        mean=float(model.mean[0]),
+        std=float(model.std[0]),
+    )
+    (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
