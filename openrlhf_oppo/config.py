@@ -309,6 +309,16 @@ def from_cli(args: argparse.Namespace | Mapping[str, Any], base: OppoConfig | No
     return from_dict(data)
 
 
+def to_cli_args(cfg: OppoConfig) -> list[str]:
+    """Every field as ``--oppo.<section>.<field> value`` flags (the inverse of :func:`from_cli`)."""
+    argv: list[str] = []
+    for name, _, _ in _leaves(OppoConfig):
+        value = _get_path(cfg, name)
+        argv.append(f"--{FLAG_PREFIX}.{name}")
+        argv += [str(v) for v in value] if isinstance(value, tuple) else [str(value).lower() if isinstance(value, bool) else str(value)]
+    return argv
+
+
 def field_help() -> dict[str, str]:
     """``{"delta.init": "...", ...}``: the help text of every leaf field."""
     return {name: f.metadata["help"] for name, _, f in _leaves(OppoConfig)}
@@ -325,5 +335,6 @@ __all__ = [
     "from_cli",
     "from_dict",
     "load_yaml",
+    "to_cli_args",
     "to_dict",
 ]

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
 
     schedule = schedules.check(args.schedule)
     config = yaml_config.load(args.config)
+    oppo_argv = schedules.oppo_argv(args.schedule, config.oppo)  # validated before any work
     flags = dict(config.flags)
     task_defaults, tokenizer_json = _task_flags(flags, args.assets or config.task.get("assets"))
     flags.update(task_defaults)
@@ -59,7 +60,8 @@ def main(argv: list[str]) -> int:
     paths = launcher.RunPaths(Path(args.output or f"runs/{stem}-{args.schedule}").resolve())
     probe_ids = launcher.probe_prompt_ids(tokenizer_json) if tokenizer_json else None
     result = launcher.launch(
-        flags, paths, args.extra, probe_ids, timeout_s=args.timeout_s, entry_module=schedule.entry_module
+        flags, paths, [*oppo_argv, *args.extra], probe_ids, timeout_s=args.timeout_s,
+        entry_module=schedule.entry_module,
     )
 
     probes = launcher.read_probe(paths.sync_probe)

@@ -102,12 +102,10 @@ def _probe(trainer) -> None:
     prompt = [int(t) for t in os.environ.get(PROBE_PROMPT_ENV, "1").split(",")]
     params = SamplingParams(temperature=0.0, max_tokens=PROBE_MAX_TOKENS, logprobs=0, ignore_eos=True)
     ref = trainer.vllm_engines[0].generate.remote(prompt, params)
-    if trainer.strategy.args.train.partial_rollout_enable:
-        # OpenRLHF pauses the engine around this sync and resumes it after we return:
-        # waiting here would deadlock, so the probe is recorded once it completes.
-        threading.Thread(target=_record_probe, args=(path, prompt, ref), daemon=True).start()
-    else:
-        _record_probe(path, prompt, ref)
+    # Partial rollout (OpenRLHF) and OPPO pause the engine around this sync and resume
+    # it after we return: waiting here would deadlock, so the probe is recorded once
+    # it completes. Probes queue in the engine in sync order.
+    threading.Thread(target=_record_probe, args=(path, prompt, ref), daemon=True).start()
 
 
 def _record_probe(path: str, prompt: list[int], ref) -> None:

@@ -446,8 +446,27 @@ class OverlapScheduler:
         s = self._sample(sample_id)
         return [t for chunk in s.token_chunks for t in chunk]
 
+    def response_tokens(self, sample_id: int, start: int, end: int) -> list[int]:
+        """Response tokens ``[start, end)`` of an in-flight sample (a chunk's tokens)."""
+        out: list[int] = []
+        offset = 0
+        for chunk in self._sample(sample_id).token_chunks:
+            n = len(chunk)
+            if offset + n > start and offset < end:
+                out.extend(chunk[max(0, start - offset) : end - offset])
+            offset += n
+            if offset >= end:
+                break
+        return out
+
     def group_of(self, sample_id: int) -> int:
         return self._sample(sample_id).group.group_id
+
+    def group_sample_ids(self, group_id: int) -> tuple[int, ...]:
+        return tuple(s.sample_id for s in self._groups[group_id].samples)
+
+    def is_finished(self, sample_id: int) -> bool:
+        return self._sample(sample_id).finish_reason is not None
 
     # ------------------------------------------------------------------ checkpoint
 

@@ -53,6 +53,10 @@ class RunPaths:
     def sync_probe(self) -> Path:
         return self.root / "sync_probe.jsonl"
 
+    @property
+    def oppo_metrics(self) -> Path:
+        return self.root / "oppo_metrics.jsonl"  # one row per step (OPPO schedules)
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -80,6 +84,7 @@ def probe_prompt_ids(tokenizer_json: Path) -> list[int]:
 def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(compat.launch_env(env))
+    env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
     if probe_ids:
         env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
         env[weight_sync.PROBE_PROMPT_ENV] = ",".join(map(str, probe_ids))
@@ -102,6 +107,7 @@ def launch(
 ) -> RunResult:
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.sync_probe.unlink(missing_ok=True)
+    paths.oppo_metrics.unlink(missing_ok=True)
     flags = run_flags(paths, flags)
     if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
         flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY

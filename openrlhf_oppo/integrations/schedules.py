@@ -5,8 +5,14 @@
     partial     + --train.partial_rollout_enable: vLLM pause/resume(keep) across weight sync
     oversample  async with --rollout.vllm_generate_batch_size = 2 x rollout.batch_size:
                 the extra prompts are generated to completion and queued
-    oppo*       OPPO's own schedules (intra-step streaming, inter-step carry-over):
-                reserved names, not yet available
+    oppo        OPPO: chunks streamed into the reward model while the actor decodes
+                (intra-step) and B+Δ groups admitted, first B trained, rest carried (inter-step)
+    oppo-intra  OPPO with Δ = 0: streaming only
+    oppo-inter  OPPO with streaming off: carry-over only (each response scored once, at its end)
+
+OPPO schedules run `python -m openrlhf_oppo.cli.train_ppo_ray` (OpenRLHF's entry point
+plus OPPO's touch points) with the YAML's `oppo:` section and the schedule's
+`oppo` overrides as `--oppo.*` flags.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ def _oversampled_batch(flags: dict[str, FlagValue]) -> int:
 
 
 OPENRLHF_ENTRY = "openrlhf.cli.train_ppo_ray"
+OPPO_ENTRY = "openrlhf_oppo.cli.train_ppo_ray"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Schedule:
     flags: dict[str, FlagValue | FlagFn] = field(default_factory=dict)
     available: bool = True
     entry_module: str = OPENRLHF_ENTRY  # run as `python -m <entry_module> <flags>`
+    oppo: dict[str, object] | None = None  # OPPO schedules: overrides of the YAML's `oppo:` section
 
 
 SCHEDULES: dict[str, Schedule] = {
@@ -49,9 +57,11 @@ SCHEDULES: dict[str, Schedule] = {
             "OpenRLHF async over-sampling (vllm_generate_batch_size = 2 x rollout.batch_size)",
             {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
         ),
-        Schedule("oppo", "OPPO intra- and inter-step overlap", available=False),
-        Schedule("oppo-intra", "OPPO intra-step streaming only", available=False),
-        Schedule("oppo-inter", "OPPO inter-step carry-over only", available=False),
+        Schedule("oppo", "OPPO intra- and inter-step overlap", entry_module=OPPO_ENTRY, oppo={}),
+        Schedule("oppo-intra", "OPPO intra-step streaming only (Δ = 0)", entry_module=OPPO_ENTRY,
+                 oppo={"delta": {"enable": False}}),
+        Schedule("oppo-inter", "OPPO inter-step carry-over only (no streaming)", entry_module=OPPO_ENTRY,
+                 oppo={"streaming": {"enable": False}}),
     )
 }
 
@@ -71,3 +81,22 @@ def schedule_flags(name: str, flags: dict[str, FlagValue]) -> dict[str, FlagValu
     """The flags schedule `name` adds on top of `flags` (the config's)."""
     schedule = check(name)
     return {key: value(flags) if callable(value) else value for key, value in schedule.flags.items()}
+
+
+def oppo_argv(name: str, oppo_section: dict) -> list[str]:
+    """`--oppo.*` flags for an OPPO schedule: the YAML's `oppo:` section with the
+    schedule's overrides on top, validated (ValueError naming the field)."""
+    from openrlhf_oppo import config as oppo_config
+
+    schedule = check(name)
+    if schedule.oppo is None:  # OpenRLHF's own schedules: the `oppo:` section does not apply
+        return []
+    merged = _merge(oppo_section, schedule.oppo)
+    return oppo_config.to_cli_args(oppo_config.from_dict(merged))
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out

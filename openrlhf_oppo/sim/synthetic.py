@@ -52,7 +52,8 @@ class SyntheticRollout:
         out = []
         for sid, left in self.remaining.items():
             k = min(tokens_per_round, left)
-            out.append((sid, block if k == tokens_per_round else block[:k], k == left))
+            # a fresh list per sample per round, as vLLM's streamed deltas arrive
+            out.append((sid, block[:k], k == left))
         for sid, toks, done in out:
             if done:
                 del self.remaining[sid]

@@ -1,0 +1,104 @@
+"""OPPO's drop-in for OpenRLHF's entry point: every OpenRLHF flag plus `--oppo.*`.
+
+    python -m openrlhf_oppo.cli.train_ppo_ray <OpenRLHF 0.11.2 flags> \\
+        --oppo.delta.init 8 --oppo.chunk.size_tokens 512 [--oppo.config oppo.yaml]
+
+Launch it as OpenRLHF users launch `openrlhf.cli.train_ppo_ray` (e.g. `ray job
+submit ... -- python -m openrlhf_oppo.cli.train_ppo_ray ...`). It resolves the
+OPPO config, rejects flag combinations OPPO cannot honour, starts Ray with a
+worker set-up hook that installs OPPO's trainer touch points, swaps the rollout
+actor class, and then runs OpenRLHF's own `train_ppo_ray` main unmodified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+
+from openrlhf_oppo import config as oppo_config
+
+OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
+
+# (OpenRLHF flag, why OPPO cannot run with it)
+INCOMPATIBLE_FLAGS = {
+    "--train.async_enable": "OPPO is its own overlap schedule on top of synchronous PPO",
+    "--train.partial_rollout_enable": "OPPO carries partial rollouts itself",
+    "--vllm.enable_sleep": "carried requests must keep decoding (and their KV cache) while the trainer trains",
+    "--algo.dynamic_filtering_enable": "OPPO trains the first B complete groups; filtering would change B",
+    "--reward.remote_url": "OPPO streams chunks into a local reward model (--reward.model_name_or_path)",
+    "--agent.func_path": "OPPO drives single-turn generation itself",
+}
+
+
+def _given(flag: str, argv: list[str]) -> bool:
+    for i, arg in enumerate(argv):
+        if arg == flag or arg.startswith(flag + "="):
+            nxt = argv[i + 1] if i + 1 < len(argv) and arg == flag else "true"
+            return nxt.lower() not in ("false", "0", "none", "")
+    return False
+
+
+def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
+    """ValueError naming both flags for combinations OPPO cannot honour."""
+    for flag, why in INCOMPATIBLE_FLAGS.items():
+        if _given(flag, argv):
+            raise ValueError(f"{flag} cannot be combined with OPPO (python -m openrlhf_oppo.cli.train_ppo_ray): {why}")
+    if _given("--rollout.vllm_generate_batch_size", argv) and cfg.delta.enable:
+        raise ValueError(
+            "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable: "
+            "OPPO's overcommit Δ replaces over-sampling"
+        )
+
+
+def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--oppo.config", dest="oppo_config_file", default=None, help="YAML with an `oppo:` section")
+    oppo_config.add_cli_flags(parser)
+    known, rest = parser.parse_known_args(argv)
+    base = oppo_config.load_yaml(known.oppo_config_file) if known.oppo_config_file else oppo_config.OppoConfig()
+    return oppo_config.from_cli(known, base), rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        parser = argparse.ArgumentParser(prog="python -m openrlhf_oppo.cli.train_ppo_ray", description=__doc__)
+        oppo_config.add_cli_flags(parser)
+        parser.print_help()
+        print("\nAll other flags are OpenRLHF's: python -m openrlhf.cli.train_ppo_ray --help")
+        return 0
+    try:
+        cfg, rest = parse(argv)
+        check_flags(rest, cfg)
+    except ValueError as exc:
+        print(f"openrlhf_oppo.cli.train_ppo_ray: error: {exc}", file=sys.stderr)
+        return 2
+
+    import ray
+
+    from openrlhf_oppo.integrations.oppo_generator import CONFIG_ENV
+    from openrlhf_oppo.integrations.oppo_trainer import METRICS_JSONL_ENV, patch_driver
+
+    os.environ[CONFIG_ENV] = json.dumps(oppo_config.to_dict(cfg))
+    env_vars = {
+        # OpenRLHF's own ray.init defaults (train_ppo_ray.train), which it skips once Ray is up
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+        CONFIG_ENV: os.environ[CONFIG_ENV],
+    }
+    if METRICS_JSONL_ENV in os.environ:
+        env_vars[METRICS_JSONL_ENV] = os.environ[METRICS_JSONL_ENV]
+    if not ray.is_initialized():
+        ray.init(runtime_env={"env_vars": env_vars})  # the trainer actor reads the OPPO config from here
+    patch_driver()
+    sys.argv = [OPENRLHF_MODULE, *rest]
+    runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""OPPO's samples generator for OpenRLHF's synchronous PPO trainer.
+
+Replaces `openrlhf.trainer.ppo_utils.samples_generator.SamplesGenerator` (OpenRLHF
+0.11.2) inside `PPOTrainer`. One `generate_samples` call is one OPPO step; it
+executes the plans of the scheduler core (`OverlapScheduler`), which makes every
+decision:
+
+    admit     begin_step -> tokenize the new prompts, start them on the engines,
+              open them on the streaming reward actors
+    stream    engines' deltas -> on_tokens -> chunks -> reward actors (fire and forget)
+              reward actors' acks -> on_scored_many; finished -> last chunk -> score
+    batch     take_batch: the first B complete groups -> OpenRLHF Experiences with
+              the streamed rewards (so OpenRLHF skips its own reward forward)
+    carry     end_step: unfinished groups keep decoding through training; the
+              trainer's weight sync pauses them (`pause_generation(mode="keep")`)
+              and bumps the policy version their next tokens are stamped with
+
+Rollout logprobs and per-token policy versions are recorded; OpenRLHF recomputes
+old logprobs, reference logprobs and values on the full sequences at training time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ray
+import torch
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+from tqdm import tqdm
+from vllm import SamplingParams
+
+from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch
+from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
+from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
+
+CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
+REWARD = "reward"
+
+
+def config_from_env() -> oppo_config.OppoConfig:
+    raw = os.environ.get(CONFIG_ENV)
+    if raw is None:
+        raise RuntimeError(f"{CONFIG_ENV} is not set: launch OPPO with `python -m openrlhf_oppo.cli.train_ppo_ray`")
+    return oppo_config.from_dict(json.loads(raw))
+
+
+class OppoSamplesGenerator(SamplesGenerator):
+    def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines):
+        super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
+        args = self.args
+        self.oppo = config_from_env()
+        if not args.reward.model_name_or_path:
+            raise ValueError("OPPO streams rewards from a reward model: set --reward.model_name_or_path")
+        self.scheduler = OverlapScheduler(
+            self.oppo,
+            batch_groups=args.rollout.batch_size,
+            samples_per_group=args.rollout.n_samples_per_prompt,
+            scorers=(REWARD,),  # with streaming off the reward actor still scores each response once, at its end
+        )
+        num_scorers = max(1, args.reward.num_nodes * args.reward.num_gpus_per_node)
+        self.reward_actors = [
+            StreamingRewardRayActor.options(num_cpus=0, num_gpus=0).remote(
+                args.reward.model_name_or_path,
+                self.oppo.streaming.kv_budget_tokens,
+                bool(args.reward.normalize_enable),
+                args.ds.value_head_prefix,
+            )
+            for _ in range(num_scorers)
+        ]
+        self.step = 0  # == policy version: weight syncs done so far
+        self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
+        self.scores: dict[int, float] = {}  # sample id -> streamed reward
+        self.pending: list[tuple[Any, list[ChunkReady]]] = []  # reward calls in flight
+        self.data_iter = None
+        self.data_epoch = 0
+        self.exhausted = False
+        self.last_metrics: dict[str, float] = {}
+        self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
+        self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True)
+
+    # ------------------------------------------------------------------ a step
+
+    @torch.no_grad()
+    def generate_samples(self, **generate_kwargs):
+        t_step = time.time()
+        plan = self.scheduler.begin_step(self.step)
+        self.exhausted = False
+        self._admit(plan, generate_kwargs)
+        self._dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
+        busy0 = self._scorer_busy_s()
+        batch, generated = self._stream_until_batch()
+        gen_time_s = time.time() - t_step
+        experiences = [self._experience(batch, g, s, generate_kwargs) for g in batch.groups for s in g.samples]
+        rewards = [self.scores.pop(s.sample_id) for g in batch.groups for s in g.samples]
+        mean_reward = sum(rewards) / len(rewards)
+        report = self.scheduler.end_step(StepStats(mean_reward, generated, gen_time_s))
+        idle = 1.0 - min(1.0, (self._scorer_busy_s() - busy0) / max(gen_time_s * len(self.reward_actors), 1e-9))
+        self.last_metrics = {
+            **report.metrics(),
+            "oppo/scorer_idle_fraction": idle,
+            "oppo/generated_tokens": float(generated),
+            "oppo/policy_version": float(self.step),
+        }
+        self.step += 1
+        self.progress.update()
+        self.progress.set_postfix(
+            reward=f"{mean_reward:.3f}", delta=report.delta, C=report.chunk_size_tokens,
+            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{time.time() - t_step:.1f}",
+        )
+        return experiences, None, len(plan.admit), self.exhausted
+
+    def pop_metrics(self) -> dict[str, float]:
+        out, self.last_metrics = self.last_metrics, {}
+        return out
+
+    # ------------------------------------------------------------------ phases
+
+    def _next_prompt(self) -> tuple[str, str]:
+        """Prompts in the dataloader's order; a new pass starts when one ends
+        (the step that crossed the end reports `exhausted`, ending OpenRLHF's episode)."""
+        while True:
+            if self.data_iter is None:
+                self.data_iter = iter(self.prompts_dataloader)
+            try:
+                _, prompts, labels, _ = next(self.data_iter)
+                return prompts[0], labels[0]
+            except StopIteration:
+                self.data_iter = None
+                self.data_epoch += 1
+                self.exhausted = True
+
+    def _sampling_params(self, generate_kwargs) -> SamplingParams:
+        return SamplingParams(
+            temperature=generate_kwargs.get("temperature", 1.0),
+            top_p=generate_kwargs.get("top_p", 1.0),
+            top_k=generate_kwargs.get("top_k", -1),
+            max_tokens=generate_kwargs.get("max_new_tokens"),
+            min_tokens=generate_kwargs.get("min_new_tokens", 1),
+            skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
+            logprobs=1,  # rollout logprobs are recorded per token (staleness correction, metrics)
+        )
+
+    def _admit(self, plan, generate_kwargs) -> None:
+        params = self._sampling_params(generate_kwargs)
+        max_len = generate_kwargs.get("max_len", 2048)
+        max_new = params.max_tokens
+        per_engine: dict[int, list[SampleRequest]] = {}
+        opens: dict[int, dict[int, list[int]]] = {}
+        for group in plan.admit:
+            prompt, label = self._next_prompt()
+            ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
+            budget = max_new if max_new is not None else max(1, max_len - len(ids))
+            ids = ids[-max(1, max_len - budget):]  # as OpenRLHF's executor truncates long prompts
+            self.prompts[group.group_id] = (prompt, label, ids)
+            for sid in group.sample_ids:
+                per_engine.setdefault(sid % len(self.vllm_engines), []).append(SampleRequest(sid, ids, [], budget))
+                opens.setdefault(sid % len(self.reward_actors), {})[sid] = ids
+        if self.needs_restart:
+            self._restart_held(plan, per_engine, opens, max_new, max_len)
+        for idx, prompts in opens.items():
+            self.reward_actors[idx].open_many.remote(prompts)
+        ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
+
+    def _restart_held(self, plan, per_engine, opens, max_new, max_len) -> None:
+        """After a checkpoint load: open every held sample on the reward actors again
+        (`plan.restream` re-sends its tokens) and restart the unfinished ones on the
+        engines from their prompt plus the tokens they already had."""
+        self.needs_restart = False
+        for gid in plan.carried:
+            prompt_ids = self.prompts[gid][2]
+            budget = max_new if max_new is not None else max(1, max_len - len(prompt_ids))
+            for sid in self.scheduler.group_sample_ids(gid):
+                opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
+                if not self.scheduler.is_finished(sid):
+                    req = SampleRequest(sid, prompt_ids, self.scheduler.held_tokens(sid), budget)
+                    per_engine.setdefault(sid % len(self.vllm_engines), []).append(req)
+
+    def _stream_until_batch(self) -> tuple[TrainBatch, int]:
+        generated = 0
+        batch = self.scheduler.take_batch()
+        while batch is None:
+            chunks: list[ChunkReady] = []
+            for deltas in ray.get([e.next_outputs.remote(0.02) for e in self.vllm_engines]):
+                for d in deltas:
+                    generated += len(d.token_ids)
+                    chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
+                    if d.finish_reason is not None:
+                        chunks += self.scheduler.on_finished(d.sample_id, d.finish_reason)
+            self._dispatch(chunks)
+            self._collect_scores()
+            batch = self.scheduler.take_batch()
+        return batch, generated
+
+    def _dispatch(self, chunks: list[ChunkReady]) -> None:
+        """Send chunks to the reward actors, sticky by sample, one call per actor."""
+        if not chunks:
+            return
+        work: dict[int, tuple[dict, dict, list]] = {}
+        for ch in chunks:
+            idx = ch.sample_id % len(self.reward_actors)
+            extends, finishes, sent = work.setdefault(idx, ({}, {}, []))
+            toks = self.scheduler.response_tokens(ch.sample_id, ch.start, ch.end)
+            if ch.final:
+                # chunks of one sample arriving together are prefilled as one: same result
+                finishes[ch.sample_id] = extends.pop(ch.sample_id, []) + toks
+            else:
+                extends.setdefault(ch.sample_id, []).extend(toks)
+            sent.append(ch)
+        for idx, (extends, finishes, sent) in work.items():
+            self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), sent))
+
+    def _collect_scores(self, block: bool = False) -> None:
+        if not self.pending:
+            return
+        refs = [ref for ref, _ in self.pending]
+        ready, _ = ray.wait(refs, num_returns=len(refs) if block else 1, timeout=None if block else 0)
+        ready_set = set(ready)
+        still = []
+        for ref, sent in self.pending:
+            if ref in ready_set:
+                self.scores.update(ray.get(ref))
+                self.scheduler.on_scored_many(REWARD, sent)
+            else:
+                still.append((ref, sent))
+        self.pending = still
+
+    def _experience(self, batch: TrainBatch, group, sample, generate_kwargs):
+        prompt, label, prompt_ids = self.prompts[group.group_id]
+        tokens = sample.token_ids
+        reward = self.scores[sample.sample_id]
+        response = {
+            "prompt": prompt,
+            "label": label,
+            "images": None,
+            "mm_train_inputs": None,
+            "observation_tokens": prompt_ids + tokens,
+            "action_ranges": [(len(prompt_ids), len(prompt_ids) + len(tokens))],
+            "rollout_log_probs": [0.0] * len(prompt_ids) + sample.rollout_logprobs,
+            "truncated": sample.finish_reason == "length",
+            "reward": reward,
+            "scores": reward,
+            "extra_logs": {},
+        }
+        exp = self._process_response_into_experience(response, **generate_kwargs)
+        exp.info["oppo_deferrals"] = torch.tensor([float(group.deferrals)])
+        return exp
+
+    def _scorer_busy_s(self) -> float:
+        return sum(s["busy_s"] for s in ray.get([a.stats.remote() for a in self.reward_actors]))
+
+    # ----------------------------------------------------------- weight sync hooks
+
+    def pause_for_weight_sync(self) -> None:
+        ray.get([e.pause_generation.remote() for e in self.vllm_engines])
+
+    def resume_after_weight_sync(self) -> None:
+        # self.step already counts the batch just trained: tokens from now on are version `step`
+        ray.get([e.set_policy_version.remote(self.step) for e in self.vllm_engines])
+        ray.get([e.resume_generation.remote() for e in self.vllm_engines])
+
+    # ---------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "prompts": {str(gid): list(v) for gid, v in self.prompts.items() if gid in set(self.scheduler.in_flight_groups)},
+            "scores": {str(k): v for k, v in self.scores.items()},
+            "data_epoch": self.data_epoch,
+            "data_offset": self.scheduler.next_prompt_index,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.prompts = {int(gid): (p, l, ids) for gid, (p, l, ids) in state["prompts"].items()}
+        self.scores = {}  # reward actors restart empty: every held sample is re-scored
+        self.needs_restart = True
+        # position the prompt stream where the checkpoint left it
+        per_epoch = len(self.prompts_dataloader)
+        self.data_epoch = state["data_offset"] // per_epoch
+        self.data_iter = iter(self.prompts_dataloader)
+        for _ in range(state["data_offset"] % per_epoch):
+            next(self.data_iter)

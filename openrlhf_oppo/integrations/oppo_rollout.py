@@ -1,0 +1,134 @@
+"""Streaming rollout actor: OpenRLHF's vLLM `RolloutRayActor` that keeps vLLM's
+partial outputs instead of discarding them.
+
+Written against OpenRLHF 0.11.2 (`openrlhf.trainer.ray.vllm_engine.RolloutRayActor`)
+and vLLM 0.29.0 (`AsyncLLM.generate` with `RequestOutputKind.DELTA`).
+
+Requests run as asyncio tasks inside the actor and outlive the call that started
+them, so a carried sample keeps decoding while the trainer trains; every delta
+(new token ids, their logprobs, the policy version that produced them, and the
+finish reason at the end) lands in an outbox that the OPPO samples generator
+drains with `next_outputs`. Chunking and routing to the scorers are decided by the
+scheduler core on the generator's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from copy import deepcopy
+from dataclasses import dataclass
+
+import ray
+from openrlhf.trainer.ray import vllm_engine as _vllm_engine
+
+_BASE = _vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__mro__[1]  # the class under @ray.remote
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """Start (or resume, after a restart) decoding one sample."""
+
+    sample_id: int
+    prompt_ids: list[int]
+    held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
+    max_tokens: int  # response budget, held tokens included
+
+
+@dataclass(frozen=True)
+class SampleDelta:
+    sample_id: int
+    token_ids: list[int]
+    logprobs: list[float] | None
+    policy_version: int
+    finish_reason: str | None  # "stop" | "length" | "abort" on the last delta of a sample
+
+
+class OppoRolloutActor(_BASE):
+    """`RolloutRayActor` plus streaming starts, an outbox and a policy-version counter."""
+
+    async def __init__(self, *args, **kwargs):
+        await super().__init__(*args, **kwargs)
+        self._outbox: list[SampleDelta] = []
+        self._outbox_ready = asyncio.Event()
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._policy_version = 0
+
+    def set_policy_version(self, version: int) -> None:
+        """Called while generation is paused for a weight sync: later tokens carry `version`."""
+        self._policy_version = version
+
+    async def start_samples(self, requests: list[SampleRequest], sampling_params) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        for req in requests:
+            if req.sample_id in self._tasks:
+                raise ValueError(f"sample {req.sample_id} is already decoding on this engine")
+            params = deepcopy(sampling_params)
+            params.output_kind = RequestOutputKind.DELTA
+            params.max_tokens = req.max_tokens - len(req.held_ids)
+            if params.max_tokens <= 0:
+                self._push(SampleDelta(req.sample_id, [], [] if params.logprobs else None, self._policy_version, "length"))
+                continue
+            self._tasks[req.sample_id] = asyncio.create_task(self._decode(req, params))
+
+    async def _decode(self, req: SampleRequest, params) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.utils import random_uuid
+
+        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids) + list(req.held_ids))
+        finish_reason = "abort"
+        try:
+            async for out in self.llm.generate(prompt, params, request_id=f"oppo-{req.sample_id}-{random_uuid()}"):
+                comp = out.outputs[0]
+                logprobs = None
+                if params.logprobs is not None and comp.logprobs is not None:
+                    logprobs = [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)]
+                reason = comp.finish_reason if out.finished else None
+                if reason is not None:
+                    finish_reason = "length" if reason == "length" else "abort" if reason == "abort" else "stop"
+                self._push(
+                    SampleDelta(
+                        req.sample_id,
+                        list(comp.token_ids),
+                        logprobs,
+                        self._policy_version,
+                        finish_reason if out.finished else None,
+                    )
+                )
+                if out.finished:
+                    return
+            self._push(SampleDelta(req.sample_id, [], None, self._policy_version, finish_reason))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surface engine failures to the generator, do not lose the sample silently
+            self._push(SampleDelta(req.sample_id, [], None, self._policy_version, "abort"))
+            raise RuntimeError(f"OPPO rollout: sample {req.sample_id} failed: {exc!r}") from exc
+        finally:
+            self._tasks.pop(req.sample_id, None)
+
+    def _push(self, delta: SampleDelta) -> None:
+        self._outbox.append(delta)
+        self._outbox_ready.set()
+
+    async def next_outputs(self, timeout_s: float = 0.05) -> list[SampleDelta]:
+        """Drain the outbox, waiting up to `timeout_s` for the first delta."""
+        if not self._outbox:
+            try:
+                await asyncio.wait_for(self._outbox_ready.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self._outbox = self._outbox, []
+        self._outbox_ready.clear()
+        return out
+
+    def num_decoding(self) -> int:
+        return len(self._tasks)
+
+    async def abort_samples(self) -> None:
+        """Cancel every running request (shutdown)."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+        self._tasks.clear()
+
+
+OppoRolloutRayActor = ray.remote(OppoRolloutActor)

@@ -1,0 +1,55 @@
+"""Streaming reward actor group: OPPO's replacement for OpenRLHF's batched reward forward.
+
+Each actor holds a `StreamingRewardScorer` (incremental prefill with a KV cache per
+sequence). Calls from one caller run in submission order, so routing a sample
+always to the same actor (``sample_id % len(group)``) keeps its chunks in order.
+Not ZeRO-3: calls are per chunk batch, a plain forward of a frozen model.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+
+class StreamingRewardActor:
+    """One reward-model replica that prefills chunks and scores finished sequences."""
+
+    def __init__(self, model_path: str, kv_budget_tokens: int, normalize_reward: bool, value_head_prefix: str):
+        import torch
+
+        from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model
+
+        torch.set_grad_enabled(False)
+        model = load_reward_model(
+            model_path, normalize_reward=normalize_reward, value_head_prefix=value_head_prefix, dtype=torch.float32
+        )
+        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens or None)
+        self.busy_s = 0.0  # time spent in forwards: idle fraction = 1 - busy / wall
+
+    def open_many(self, prompts: dict[int, list[int]]) -> None:
+        for seq_id, prompt_ids in prompts.items():
+            self.scorer.open(seq_id, prompt_ids)
+
+    def process(self, extends: dict[int, list[int]], finishes: dict[int, list[int]]) -> dict[int, float]:
+        """Prefill `extends`, then prefill the last chunks in `finishes` and return their rewards."""
+        t0 = time.perf_counter()
+        if extends:
+            self.scorer.extend_many(extends)
+        scores = self.scorer.finish_many(finishes) if finishes else {}
+        for seq_id in scores:
+            self.scorer.drop(seq_id)
+        self.busy_s += time.perf_counter() - t0
+        return scores
+
+    def drop_many(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self.scorer.drop(seq_id)
+
+    def stats(self) -> dict[str, float]:
+        s = self.scorer.stats()
+        return {"busy_s": self.busy_s, **{k: float(v) for k, v in vars(s).items() if isinstance(v, (int, float))}}
+
+
+StreamingRewardRayActor = ray.remote(StreamingRewardActor)

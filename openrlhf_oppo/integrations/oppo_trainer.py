@@ -1,0 +1,85 @@
+"""Every point where OPPO touches OpenRLHF's PPO pipeline (written against OpenRLHF 0.11.2).
+
+Two names are swapped in the driver process before OpenRLHF's `train_ppo_ray.train`
+runs; both are looked up by name at call time there:
+
+1. `openrlhf.trainer.ppo_trainer.PPOTrainer` -> `OppoPPOTrainer`, one subclass of
+   OpenRLHF's synchronous trainer that
+   - replaces its samples generator with `OppoSamplesGenerator`,
+   - pauses generation around the weight sync (carried requests are kept) and
+     stamps later tokens with the new policy version,
+   - merges the generator's `oppo/*` metrics into the status OpenRLHF logs to
+     wandb / TensorBoard (and appends them to a JSONL file),
+   - keeps the scheduler's state (carried groups with tokens, logprobs, versions;
+     Δ, C; prompt-stream position) in OpenRLHF's checkpoint `client_states`.
+2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
+
+(Ray copies an actor class's methods when it wraps it, so patching
+`BasePPOTrainer` in place would not reach the running trainer; a subclass does.)
+`tests/integrations/test_oppo_touch_points.py` fails if upstream moves these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ray
+from openrlhf.trainer import ppo_trainer as _ppo_trainer
+from openrlhf.trainer.ray import vllm_engine as _vllm_engine
+
+from openrlhf_oppo.integrations.oppo_generator import OppoSamplesGenerator
+from openrlhf_oppo.integrations.oppo_rollout import OppoRolloutRayActor
+
+OPENRLHF_VERSION = "0.11.2"
+METRICS_JSONL_ENV = "OPPO_METRICS_JSONL"
+STATE_KEY = "oppo_generator"
+
+_BASE = _ppo_trainer.PPOTrainer.__ray_metadata__.modified_class.__mro__[1]  # the class under @ray.remote
+
+
+class OppoPPOTrainerImpl(_BASE):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        base = self.samples_generator  # OpenRLHF's; it only holds references, nothing started
+        self.samples_generator = OppoSamplesGenerator(
+            base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines
+        )
+
+    def broadcast_to_vllm(self) -> None:
+        self.samples_generator.pause_for_weight_sync()
+        try:
+            super().broadcast_to_vllm()
+        finally:
+            self.samples_generator.resume_after_weight_sync()
+
+    def train_step(self, rollout_samples, global_step: int):
+        status, step = super().train_step(rollout_samples, global_step)
+        status.update(self.samples_generator.pop_metrics())
+        path = os.environ.get(METRICS_JSONL_ENV)
+        if path:
+            row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}
+            with open(path, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        return status, step
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        client_states = dict(client_states or {})
+        client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
+        # the generator owns the prompt-stream position (it reads ahead for B+Δ groups)
+        client_states["data_loader_state_dict"] = {}
+        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
+    def restore_best_checkpoint_state(self, checkpoint_states) -> None:
+        super().restore_best_checkpoint_state(checkpoint_states)
+        if checkpoint_states and checkpoint_states.get(STATE_KEY):
+            self.samples_generator.load_state_dict(json.loads(checkpoint_states[STATE_KEY]))
+
+
+OppoPPOTrainer = ray.remote(OppoPPOTrainerImpl)
+
+
+def patch_driver() -> None:
+    """Swap the two names in the driver, before `train_ppo_ray.train` runs."""
+    _ppo_trainer.PPOTrainer = OppoPPOTrainer
+    _vllm_engine.RolloutRayActor = OppoRolloutRayActor
