@@ -52,6 +52,10 @@ def main(argv: list[str]) -> int:
     config = yaml_config.load(args.config)
     oppo_argv = schedules.oppo_argv(args.schedule, config.oppo)  # validated before any work
     flags = dict(config.flags)
+    if oppo_argv:
+        from openrlhf_oppo.cli import train_ppo_ray
+
+        train_ppo_ray.check_flags([*yaml_config.to_argv(flags), *args.extra], train_ppo_ray.parse(oppo_argv)[0])
     task_defaults, tokenizer_json = _task_flags(flags, args.assets or config.task.get("assets"))
     flags.update(task_defaults)
     flags.update(schedules.schedule_flags(args.schedule, flags))

@@ -53,6 +53,36 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
         )
 
 
+STREAMING_REWARD_URL = "oppo-streaming-reward"  # see openrlhf_argv
+
+
+def _value(flag: str, argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
+    """OpenRLHF's flags for this run. When OPPO streams rewards, its streaming reward
+    actors take the place (and the GPUs) of OpenRLHF's reward model group: OpenRLHF
+    builds that group only when `--reward.remote_url` is unset, so a placeholder URL
+    is passed (OPPO's generator never calls OpenRLHF's reward executor). The critic
+    then keeps OpenRLHF's default of starting from the reward model."""
+    argv = list(rest)
+    if not (cfg.streaming.enable and cfg.streaming.reward):
+        return argv
+    reward_path = _value("--reward.model_name_or_path", argv)
+    if reward_path is None:
+        raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path")
+    argv += ["--reward.remote_url", STREAMING_REWARD_URL]
+    if _value("--critic.model_name_or_path", argv) is None:
+        argv += ["--critic.model_name_or_path", reward_path.split(",")[0]]
+    return argv
+
+
 def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--oppo.config", dest="oppo_config_file", default=None, help="YAML with an `oppo:` section")
@@ -73,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, rest = parse(argv)
         check_flags(rest, cfg)
+        rest = openrlhf_argv(rest, cfg)
     except ValueError as exc:
         print(f"openrlhf_oppo.cli.train_ppo_ray: error: {exc}", file=sys.stderr)
         return 2
 
     import ray
 
-    from openrlhf_oppo.integrations.oppo_generator import CONFIG_ENV
+    from openrlhf_oppo.integrations.oppo_generator import CONFIG_ENV, TRACE_ENV
     from openrlhf_oppo.integrations.oppo_trainer import METRICS_JSONL_ENV, patch_driver
 
     os.environ[CONFIG_ENV] = json.dumps(oppo_config.to_dict(cfg))
@@ -90,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
         CONFIG_ENV: os.environ[CONFIG_ENV],
     }
-    if METRICS_JSONL_ENV in os.environ:
-        env_vars[METRICS_JSONL_ENV] = os.environ[METRICS_JSONL_ENV]
+    for name in (METRICS_JSONL_ENV, TRACE_ENV):
+        if name in os.environ:
+            env_vars[name] = os.environ[name]
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": env_vars})  # the trainer actor reads the OPPO config from here
     patch_driver()

@@ -57,6 +57,10 @@ class RunPaths:
     def oppo_metrics(self) -> Path:
         return self.root / "oppo_metrics.jsonl"  # one row per step (OPPO schedules)
 
+    @property
+    def oppo_trace(self) -> Path:
+        return self.root / "oppo_trace.jsonl"  # admitted / trained / carried per step (OPPO schedules)
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -85,6 +89,7 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     env = dict(os.environ)
     env.update(compat.launch_env(env))
     env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
+    env["OPPO_TRACE_JSONL"] = str(paths.oppo_trace)
     if probe_ids:
         env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
         env[weight_sync.PROBE_PROMPT_ENV] = ",".join(map(str, probe_ids))
@@ -108,6 +113,7 @@ def launch(
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.sync_probe.unlink(missing_ok=True)
     paths.oppo_metrics.unlink(missing_ok=True)
+    paths.oppo_trace.unlink(missing_ok=True)
     flags = run_flags(paths, flags)
     if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
         flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY

@@ -38,6 +38,7 @@ from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
 from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
 
 CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
+TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
 REWARD = "reward"
 
 
@@ -53,17 +54,23 @@ class OppoSamplesGenerator(SamplesGenerator):
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         args = self.args
         self.oppo = config_from_env()
-        if not args.reward.model_name_or_path:
-            raise ValueError("OPPO streams rewards from a reward model: set --reward.model_name_or_path")
+        # Streaming on: OPPO's reward actors prefill chunks and supply the rewards.
+        # Streaming off (oppo-inter): OpenRLHF's own reward forward scores the batch.
+        self.streaming = self.oppo.streaming.enable and self.oppo.streaming.reward
+        if self.streaming and not args.reward.model_name_or_path:
+            raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path")
         self.scheduler = OverlapScheduler(
             self.oppo,
             batch_groups=args.rollout.batch_size,
             samples_per_group=args.rollout.n_samples_per_prompt,
-            scorers=(REWARD,),  # with streaming off the reward actor still scores each response once, at its end
+            scorers=(REWARD,) if self.streaming else (),
         )
-        num_scorers = max(1, args.reward.num_nodes * args.reward.num_gpus_per_node)
+        # The streaming actors replace OpenRLHF's reward group (cli.train_ppo_ray.openrlhf_argv):
+        # as many, one GPU each (a logical one where the CPU compat layer declares them).
+        num_scorers = max(1, args.reward.num_nodes * args.reward.num_gpus_per_node) if self.streaming else 0
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
         self.reward_actors = [
-            StreamingRewardRayActor.options(num_cpus=0, num_gpus=0).remote(
+            StreamingRewardRayActor.options(num_cpus=0, num_gpus=gpus).remote(
                 args.reward.model_name_or_path,
                 self.oppo.streaming.kv_budget_tokens,
                 bool(args.reward.normalize_enable),
@@ -74,48 +81,104 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step = 0  # == policy version: weight syncs done so far
         self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
         self.scores: dict[int, float] = {}  # sample id -> streamed reward
-        self.pending: list[tuple[Any, list[ChunkReady]]] = []  # reward calls in flight
+        self.pending: list[tuple[Any, int, list[ChunkReady]]] = []  # reward calls in flight: (ref, actor, chunks)
         self.data_iter = None
         self.data_epoch = 0
         self.exhausted = False
-        self.last_metrics: dict[str, float] = {}
         self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
+        self.step_started_s = 0.0
+        self.step_gen_s = 0.0  # generation+scoring phase of the open step
+        self.step_generated_tokens = 0
+        self.step_overlap_tokens = [0, 0]  # response tokens prefilled before / at the end of their sample
+        self.step_scorer_busy0_s = 0.0
+        self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
+        self.trace_path = os.environ.get(TRACE_ENV)
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True)
 
     # ------------------------------------------------------------------ a step
 
     @torch.no_grad()
     def generate_samples(self, **generate_kwargs):
-        t_step = time.time()
+        """Phases admit -> stream -> batch of one OPPO step; `finish_step` closes it
+        once OpenRLHF has the batch's rewards."""
+        if self.open_batch is not None:
+            raise RuntimeError("generate_samples called before finish_step closed the previous step")
+        self.step_started_s = time.time()
         plan = self.scheduler.begin_step(self.step)
         self.exhausted = False
+        self.step_overlap_tokens = [0, 0]
         self._admit(plan, generate_kwargs)
         self._dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
-        busy0 = self._scorer_busy_s()
-        batch, generated = self._stream_until_batch()
-        gen_time_s = time.time() - t_step
-        experiences = [self._experience(batch, g, s, generate_kwargs) for g in batch.groups for s in g.samples]
-        rewards = [self.scores.pop(s.sample_id) for g in batch.groups for s in g.samples]
-        mean_reward = sum(rewards) / len(rewards)
-        report = self.scheduler.end_step(StepStats(mean_reward, generated, gen_time_s))
-        idle = 1.0 - min(1.0, (self._scorer_busy_s() - busy0) / max(gen_time_s * len(self.reward_actors), 1e-9))
-        self.last_metrics = {
+        self.step_scorer_busy0_s = self._scorer_busy_s()
+        batch, self.step_generated_tokens = self._stream_until_batch()
+        self.step_gen_s = time.time() - self.step_started_s
+        self.open_batch = batch
+        experiences = [self._experience(g, s, generate_kwargs) for g in batch.groups for s in g.samples]
+        return experiences, None, len(plan.admit), self.exhausted
+
+    def finish_step(self, mean_reward: float) -> dict[str, float]:
+        """Close the step with the trained batch's mean reward (feeds Δ); returns `oppo/*` metrics."""
+        batch, self.open_batch = self.open_batch, None
+        report = self.scheduler.end_step(StepStats(mean_reward, self.step_generated_tokens, self.step_gen_s))
+        before, at_end = self.step_overlap_tokens
+        metrics = {
             **report.metrics(),
-            "oppo/scorer_idle_fraction": idle,
-            "oppo/generated_tokens": float(generated),
+            "oppo/generated_tokens": float(self.step_generated_tokens),
             "oppo/policy_version": float(self.step),
+            "oppo/overlap_fraction": before / max(before + at_end, 1),
         }
+        if self.reward_actors:
+            busy = self._scorer_busy_s() - self.step_scorer_busy0_s
+            metrics["oppo/scorer_idle_fraction"] = 1.0 - min(1.0, busy / max(self.step_gen_s * len(self.reward_actors), 1e-9))
+        self._write_trace(batch, report)
+        for g in batch.groups:
+            for s in g.samples:
+                self.scores.pop(s.sample_id, None)
         self.step += 1
         self.progress.update()
         self.progress.set_postfix(
             reward=f"{mean_reward:.3f}", delta=report.delta, C=report.chunk_size_tokens,
-            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{time.time() - t_step:.1f}",
+            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{time.time() - self.step_started_s:.1f}",
         )
-        return experiences, None, len(plan.admit), self.exhausted
+        return metrics
 
-    def pop_metrics(self) -> dict[str, float]:
-        out, self.last_metrics = self.last_metrics, {}
-        return out
+    def _write_trace(self, batch: TrainBatch, report) -> None:
+        """One JSON line per step: what was admitted, trained (tokens, versions,
+        rewards) and carried. Small runs only (OPPO_TRACE_JSONL); tests read it."""
+        if not self.trace_path:
+            return
+        carried = {}
+        for gid in report.carried_groups:
+            for sid in self.scheduler.group_sample_ids(gid):
+                carried[str(sid)] = self.scheduler.held_tokens(sid)
+        row = {
+            "step": report.step,
+            "admitted_groups": report.admitted_groups,
+            "next_prompt_index": self.scheduler.next_prompt_index,
+            "trained": [
+                {
+                    "group_id": g.group_id,
+                    "prompt_index": g.prompt_index,
+                    "prompt_ids": self.prompts[g.group_id][2],
+                    "deferrals": g.deferrals,
+                    "samples": [
+                        {
+                            "sample_id": s.sample_id,
+                            "tokens": s.token_ids,
+                            "versions": s.token_versions,
+                            "finish_reason": s.finish_reason,
+                            "reward": self.scores.get(s.sample_id),
+                        }
+                        for s in g.samples
+                    ],
+                }
+                for g in batch.groups
+            ],
+            "carried_groups": list(report.carried_groups),
+            "carried_tokens": carried,
+        }
+        with open(self.trace_path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
 
     # ------------------------------------------------------------------ phases
 
@@ -158,7 +221,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.prompts[group.group_id] = (prompt, label, ids)
             for sid in group.sample_ids:
                 per_engine.setdefault(sid % len(self.vllm_engines), []).append(SampleRequest(sid, ids, [], budget))
-                opens.setdefault(sid % len(self.reward_actors), {})[sid] = ids
+                if self.reward_actors:
+                    opens.setdefault(sid % len(self.reward_actors), {})[sid] = ids
         if self.needs_restart:
             self._restart_held(plan, per_engine, opens, max_new, max_len)
         for idx, prompts in opens.items():
@@ -174,7 +238,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             prompt_ids = self.prompts[gid][2]
             budget = max_new if max_new is not None else max(1, max_len - len(prompt_ids))
             for sid in self.scheduler.group_sample_ids(gid):
-                opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
+                if self.reward_actors:
+                    opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
                 if not self.scheduler.is_finished(sid):
                     req = SampleRequest(sid, prompt_ids, self.scheduler.held_tokens(sid), budget)
                     per_engine.setdefault(sid % len(self.vllm_engines), []).append(req)
@@ -204,6 +269,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             idx = ch.sample_id % len(self.reward_actors)
             extends, finishes, sent = work.setdefault(idx, ({}, {}, []))
             toks = self.scheduler.response_tokens(ch.sample_id, ch.start, ch.end)
+            self.step_overlap_tokens[1 if ch.final else 0] += len(toks)
             if ch.final:
                 # chunks of one sample arriving together are prefilled as one: same result
                 finishes[ch.sample_id] = extends.pop(ch.sample_id, []) + toks
@@ -211,27 +277,30 @@ class OppoSamplesGenerator(SamplesGenerator):
                 extends.setdefault(ch.sample_id, []).extend(toks)
             sent.append(ch)
         for idx, (extends, finishes, sent) in work.items():
-            self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), sent))
+            self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), idx, sent))
 
-    def _collect_scores(self, block: bool = False) -> None:
+    def _collect_scores(self) -> None:
+        """Acknowledge finished reward calls, in submission order per actor: a sample's
+        chunks must be acknowledged in order (ray.wait reports readiness in any order)."""
         if not self.pending:
             return
-        refs = [ref for ref, _ in self.pending]
-        ready, _ = ray.wait(refs, num_returns=len(refs) if block else 1, timeout=None if block else 0)
-        ready_set = set(ready)
+        refs = [ref for ref, _, _ in self.pending]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        blocked: set[int] = set()  # actors with an earlier call still running
         still = []
-        for ref, sent in self.pending:
-            if ref in ready_set:
+        for ref, idx, sent in self.pending:
+            if ref in ready and idx not in blocked:
                 self.scores.update(ray.get(ref))
                 self.scheduler.on_scored_many(REWARD, sent)
             else:
-                still.append((ref, sent))
+                blocked.add(idx)
+                still.append((ref, idx, sent))
         self.pending = still
 
-    def _experience(self, batch: TrainBatch, group, sample, generate_kwargs):
+    def _experience(self, group, sample, generate_kwargs):
         prompt, label, prompt_ids = self.prompts[group.group_id]
         tokens = sample.token_ids
-        reward = self.scores[sample.sample_id]
+        reward = self.scores[sample.sample_id] if self.streaming else None  # None: OpenRLHF's reward forward
         response = {
             "prompt": prompt,
             "label": label,
@@ -250,6 +319,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         return exp
 
     def _scorer_busy_s(self) -> float:
+        if not self.reward_actors:
+            return 0.0
         return sum(s["busy_s"] for s in ray.get([a.stats.remote() for a in self.reward_actors]))
 
     # ----------------------------------------------------------- weight sync hooks
@@ -258,8 +329,10 @@ class OppoSamplesGenerator(SamplesGenerator):
         ray.get([e.pause_generation.remote() for e in self.vllm_engines])
 
     def resume_after_weight_sync(self) -> None:
-        # self.step already counts the batch just trained: tokens from now on are version `step`
-        ray.get([e.set_policy_version.remote(self.step) for e in self.vllm_engines])
+        # The engines now hold the weights trained on the open step's batch (or, on a
+        # resume, the checkpoint's): tokens from here on are that policy version.
+        version = self.step + (1 if self.open_batch is not None else 0)
+        ray.get([e.set_policy_version.remote(version) for e in self.vllm_engines])
         ray.get([e.resume_generation.remote() for e in self.vllm_engines])
 
     # ---------------------------------------------------------------- checkpoint

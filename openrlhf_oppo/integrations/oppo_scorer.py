@@ -3,7 +3,10 @@
 Each actor holds a `StreamingRewardScorer` (incremental prefill with a KV cache per
 sequence). Calls from one caller run in submission order, so routing a sample
 always to the same actor (``sample_id % len(group)``) keeps its chunks in order.
-Not ZeRO-3: calls are per chunk batch, a plain forward of a frozen model.
+Not ZeRO-3: calls are per chunk batch, a plain forward of a frozen model. On a GPU
+cluster each actor takes one GPU (`num_gpus=1`); OpenRLHF still creates its own reward
+model group (its `train()` does whenever `--reward.remote_url` is unset), which then
+sits idle while OPPO streams.
 """
 
 from __future__ import annotations
@@ -22,9 +25,14 @@ class StreamingRewardActor:
         from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model
 
         torch.set_grad_enabled(False)
+        # fp32 on CPU; on a GPU the reward model's own bf16, as OpenRLHF runs it
+        cuda = torch.cuda.is_available()
         model = load_reward_model(
-            model_path, normalize_reward=normalize_reward, value_head_prefix=value_head_prefix, dtype=torch.float32
-        )
+            model_path,
+            normalize_reward=normalize_reward,
+            value_head_prefix=value_head_prefix,
+            dtype=torch.bfloat16 if cuda else torch.float32,
+        ).to("cuda" if cuda else "cpu")
         self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens or None)
         self.busy_s = 0.0  # time spent in forwards: idle fraction = 1 - busy / wall
 

@@ -8,8 +8,9 @@ runs; both are looked up by name at call time there:
    - replaces its samples generator with `OppoSamplesGenerator`,
    - pauses generation around the weight sync (carried requests are kept) and
      stamps later tokens with the new policy version,
-   - merges the generator's `oppo/*` metrics into the status OpenRLHF logs to
-     wandb / TensorBoard (and appends them to a JSONL file),
+   - closes each OPPO step once the batch's mean reward is known (it feeds Δ) and
+     merges the `oppo/*` metrics into the status OpenRLHF logs to wandb /
+     TensorBoard (and appends them to a JSONL file),
    - keeps the scheduler's state (carried groups with tokens, logprobs, versions;
      Δ, C; prompt-stream position) in OpenRLHF's checkpoint `client_states`.
 2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
@@ -55,7 +56,8 @@ class OppoPPOTrainerImpl(_BASE):
 
     def train_step(self, rollout_samples, global_step: int):
         status, step = super().train_step(rollout_samples, global_step)
-        status.update(self.samples_generator.pop_metrics())
+        # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
+        status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]))
         path = os.environ.get(METRICS_JSONL_ENV)
         if path:
             row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}

@@ -14,6 +14,11 @@ vLLM and plain transformers load them unchanged):
 
 Sizes: hidden 64, 2 heads (head_dim 32, the smallest vLLM CPU attention supports),
 2 layers: a few hundred thousand parameters, so a PPO step takes well under a second.
+
+Response lengths: a randomly initialised actor almost never samples EOS, so every
+response would run to `max_new_tokens` and no step would have stragglers. The
+actor's EOS row of `lm_head` is fitted so EOS has probability ~`eos_prob` at each
+position: lengths are then geometric (mostly short, a long tail), as in real RLHF.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-ASSET_VERSION = "tiny-v1"
+ASSET_VERSION = "tiny-v3"
 DEFAULT_ASSETS_DIR = Path(os.environ.get("OPPO_ASSETS_DIR", "~/.cache/openrlhf_oppo/tiny")).expanduser()
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
@@ -48,6 +53,7 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 512
     seed: int = 1234
+    eos_prob: float = 0.01  # per-token EOS probability the actor is fitted to: mean length ~1/eos_prob
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,25 @@ def _qwen2_config(spec: TinyModelSpec, tokenizer, **extra):
     )
 
 
+def fit_eos_probability(actor, tokenizer, eos_prob: float) -> None:
+    """Set the EOS row of `lm_head` so that, on corpus-like contexts, EOS has
+    probability ~`eos_prob` at every position (least squares on the final hidden
+    states: logit_eos = logit(eos_prob) + logsumexp(other logits))."""
+    import math
+
+    import torch
+
+    texts = _corpus(random.Random(7), 256)
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        hidden = actor.model(**batch).last_hidden_state[batch["attention_mask"].bool()].float()  # (N, H)
+        weight = actor.lm_head.weight  # (V, H)
+        others = torch.cat([weight[: tokenizer.eos_token_id], weight[tokenizer.eos_token_id + 1 :]])
+        target = math.log(eos_prob / (1 - eos_prob)) + torch.logsumexp(hidden @ others.T, dim=-1)  # (N,)
+        row = torch.linalg.lstsq(hidden, target.unsqueeze(-1)).solution.squeeze(-1)
+        weight[tokenizer.eos_token_id] = row.to(weight.dtype)
+
+
 def build(root: Path | str | None = None, spec: TinyModelSpec = TinyModelSpec(), force: bool = False) -> TinyAssets:
     """Build the assets under `root` (default ~/.cache/openrlhf_oppo/tiny) unless
     already built. Deterministic for a given spec."""
@@ -155,7 +180,9 @@ def build(root: Path | str | None = None, spec: TinyModelSpec = TinyModelSpec(),
     assert len(tokenizer) <= spec.vocab_size, (len(tokenizer), spec.vocab_size)
 
     torch.manual_seed(spec.seed)
-    actor = Qwen2ForCausalLM(_qwen2_config(spec, tokenizer)).to(torch.bfloat16)
+    actor = Qwen2ForCausalLM(_qwen2_config(spec, tokenizer))
+    fit_eos_probability(actor, tokenizer, spec.eos_prob)
+    actor = actor.to(torch.bfloat16)
     actor.save_pretrained(assets.actor)
     tokenizer.save_pretrained(assets.actor)
 

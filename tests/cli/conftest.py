@@ -39,16 +39,17 @@ def train_runs(tmp_path_factory, tiny_assets):
     """schedule -> TrainRun, run on first request."""
     from openrlhf_oppo.cli.main import main
 
-    cache: dict[str, TrainRun] = {}
+    cache: dict[tuple, TrainRun] = {}
 
-    def run(schedule: str, *extra: str) -> TrainRun:
-        if schedule not in cache:
-            root = tmp_path_factory.mktemp(f"run-{schedule}")
+    def run(schedule: str, *extra: str, output: Path | None = None) -> TrainRun:
+        key = (schedule, extra, output)
+        if key not in cache:
+            root = output or tmp_path_factory.mktemp(f"run-{schedule}")
             argv = ["train", "--schedule", schedule, "--config", str(CONFIG), "--assets", str(tiny_assets),
                     "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S)]
             if extra:
                 argv += ["--", *extra]
-            cache[schedule] = TrainRun(schedule, main(argv), root, tiny_assets)
-        return cache[schedule]
+            cache[key] = TrainRun(schedule, main(argv), root, tiny_assets)
+        return cache[key]
 
     return run

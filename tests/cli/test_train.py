@@ -17,7 +17,8 @@ CONFIG = str(REPO / "configs" / "tiny-cpu.yaml")
     "argv, expected",
     [
         (["--schedule", "fast", "--config", CONFIG], "--schedule: unknown schedule 'fast'; allowed: sync, async"),
-        (["--schedule", "oppo", "--config", CONFIG], "--schedule oppo: not yet available"),
+        (["--schedule", "oppo", "--config", CONFIG, "--", "--train.async_enable"],
+         "--train.async_enable cannot be combined with OPPO"),
         (["--schedule", "sync", "--config", "missing.yaml"], "--config: file not found: missing.yaml"),
     ],
 )

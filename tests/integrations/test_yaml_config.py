@@ -17,7 +17,7 @@ def test_tiny_cpu_config_translates_to_openrlhf_flags():
     assert argv[argv.index("--ds.zero_stage") + 1] == "3"
     assert "--vllm.enforce_eager" in argv
     assert argv[argv.index("--ds.attn_implementation") + 1] == "sdpa"
-    assert config.oppo == {} and "assets" in config.task
+    assert config.oppo["chunk"] == {"size_tokens": 8} and "assets" in config.task
 
 
 def test_nested_keys_become_dotted_flags_and_switches_follow_booleans(tmp_path):
@@ -68,10 +68,25 @@ def test_schedule_table_maps_to_openrlhf_modes():
     }
 
 
-@pytest.mark.parametrize("name", ["oppo", "oppo-intra", "oppo-inter"])
-def test_oppo_schedules_are_reserved_but_not_yet_available(name):
-    with pytest.raises(ValueError, match=f"--schedule {name}: not yet available.*available now: sync, async, partial, oversample"):
-        schedules.check(name)
+def test_oppo_schedules_run_oppos_entry_point_with_their_overrides():
+    for name in ("oppo", "oppo-intra", "oppo-inter"):
+        assert schedules.check(name).entry_module == "openrlhf_oppo.cli.train_ppo_ray"
+    from openrlhf_oppo.cli.train_ppo_ray import parse
+
+    section = {"delta": {"init": 1, "max": 2}, "chunk": {"size_tokens": 8}}
+    cfg, rest = parse(schedules.oppo_argv("oppo-intra", section))
+    assert rest == [] and cfg.delta.enable is False and cfg.delta.init == 1 and cfg.chunk.size_tokens == 8
+    assert cfg.streaming.enable is True
+    cfg, _ = parse(schedules.oppo_argv("oppo-inter", section))
+    assert cfg.streaming.enable is False and cfg.delta.enable is True
+    cfg, _ = parse(schedules.oppo_argv("oppo", section))
+    assert cfg.streaming.enable and cfg.delta.enable and cfg.delta.max == 2
+    assert schedules.oppo_argv("sync", section) == []  # OpenRLHF's schedules ignore the section
+
+
+def test_bad_oppo_section_names_the_field():
+    with pytest.raises(ValueError, match=r"--oppo\.delta\.max"):
+        schedules.oppo_argv("oppo", {"delta": {"min": 3, "max": 1, "init": 1}})
 
 
 def test_unknown_schedule_lists_the_allowed_ones():
