@@ -31,6 +31,8 @@ Stdlib only: no torch, ray, vllm or deepspeed.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from itertools import islice
 from typing import Any, Iterable, Sequence
 
 from openrlhf_oppo.config import OppoConfig
@@ -51,9 +53,19 @@ from openrlhf_oppo.core.types import (
 
 STATE_VERSION = 1
 
+# Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
+# tens of thousands are made per step.
+_new_tuple = tuple.__new__
+
 
 class _Sample:
-    """Mutable state of one sample; internal to the scheduler."""
+    """Mutable state of one sample; internal to the scheduler.
+
+    Two GC-tracked objects per sample (this record and ``token_chunks``; scorer acks
+    live in flat per-scorer dicts, version runs in shared tuples): a step admits
+    thousands of samples, and each new container brings the cyclic GC's next pass
+    nearer, and every pass walks the millions of held token ids again.
+    """
 
     __slots__ = (
         "sample_id",
@@ -61,36 +73,38 @@ class _Sample:
         "token_chunks",
         "logprob_chunks",
         "version_runs",
+        "version",
         "num_tokens",
         "cut",
-        "scored",
         "done_mask",
         "finish_reason",
     )
 
-    def __init__(self, sample_id: int, group: "_Group", num_scorers: int) -> None:
+    def __init__(self, sample_id: int, group: "_Group") -> None:
         self.sample_id = sample_id
         self.group = group
-        self.token_chunks: list[tuple[int, ...]] = []
-        self.logprob_chunks: list[tuple[float, ...]] = []
-        self.version_runs: list[tuple[int, int]] = []  # (first token offset, policy version)
+        self.token_chunks: list[Sequence[int]] = []  # the engine's delta lists, as handed over
+        # None while no on_tokens event carried logprobs (then every entry would be empty)
+        self.logprob_chunks: list[Sequence[float]] | None = None
+        # (first token offset, policy version) runs; a tuple, shared between samples while equal
+        self.version_runs: tuple[tuple[int, int], ...] = ()
+        self.version: int | None = None  # policy version of the last run
         self.num_tokens = 0
         self.cut = 0  # tokens already handed to scorers as chunks
-        self.scored = [0] * num_scorers  # per scorer: tokens acknowledged
         self.done_mask = 0  # per scorer bit: acknowledged the final chunk
         self.finish_reason: str | None = None
 
 
 class _Group:
-    __slots__ = ("group_id", "prompt_index", "admitted_step", "deferrals", "samples", "pending")
+    __slots__ = ("group_id", "prompt_index", "admitted_step", "deferrals", "sample_ids", "pending")
 
-    def __init__(self, group_id: int, prompt_index: int, admitted_step: int) -> None:
+    def __init__(self, group_id: int, prompt_index: int, admitted_step: int, sample_ids: tuple[int, ...]) -> None:
         self.group_id = group_id
         self.prompt_index = prompt_index
         self.admitted_step = admitted_step
         self.deferrals = 0
-        self.samples: list[_Sample] = []
-        self.pending = 0  # samples not yet complete
+        self.sample_ids = sample_ids
+        self.pending = len(sample_ids)  # samples not yet complete
 
 
 class OverlapScheduler:
@@ -140,6 +154,10 @@ class OverlapScheduler:
 
         self._groups: dict[int, _Group] = {}  # in flight: admitted, not yet trained
         self._samples: dict[int, _Sample] = {}
+        # per scorer: sample id -> response tokens acknowledged (flat dicts, not a list per sample);
+        # every in-flight sample has an entry
+        self._scored: tuple[dict[int, int], ...] = tuple({} for _ in self.scorers)
+        self._first_run: tuple[tuple[int, int], ...] = ()  # ((0, v),) for the latest v, shared by samples
         self._complete: dict[int, None] = {}  # group ids in completion order (insertion-ordered)
         self._next_group_id = 0
         self._next_prompt_index = 0
@@ -172,7 +190,7 @@ class OverlapScheduler:
         self._step_delta = self.delta.value
         carried = tuple(self._groups)
         target = self.batch_groups + self._step_delta
-        admit = [self._admit(step) for _ in range(max(0, target - len(self._groups)))]
+        admit = self._admit(step, max(0, target - len(self._groups)))
         self._admitted_this_step = len(admit)
         max_deferrals = self.config.staleness.max_deferral_steps
         self._must_finish = frozenset(g.group_id for g in self._groups.values() if g.deferrals >= max_deferrals)
@@ -182,7 +200,7 @@ class OverlapScheduler:
             self._needs_restream = False
         return StepPlan(
             step=step,
-            admit=tuple(admit),
+            admit=admit,
             chunk_size_tokens=self._chunk_size,
             delta=self._step_delta,
             must_finish=tuple(sorted(self._must_finish)),
@@ -190,20 +208,24 @@ class OverlapScheduler:
             restream=restream,
         )
 
-    def _admit(self, step: int) -> AdmitGroup:
-        group = _Group(self._next_group_id, self._next_prompt_index, step)
-        self._next_group_id += 1
-        self._next_prompt_index += 1
+    def _admit(self, step: int, count: int) -> tuple[AdmitGroup, ...]:
         n = self.samples_per_group
-        first = group.group_id * n
-        for k in range(n):
-            sample = _Sample(first + k, group, len(self.scorers))
-            group.samples.append(sample)
-            self._samples[sample.sample_id] = sample
-        group.pending = n
-        self._groups[group.group_id] = group
-        self.admitted_groups_total += 1
-        return AdmitGroup(group.group_id, group.prompt_index, tuple(range(first, first + n)))
+        groups, samples, scored = self._groups, self._samples, self._scored
+        admit = []
+        for _ in range(count):
+            gid, prompt_index = self._next_group_id, self._next_prompt_index
+            self._next_group_id += 1
+            self._next_prompt_index += 1
+            sample_ids = tuple(range(gid * n, gid * n + n))
+            group = _Group(gid, prompt_index, step, sample_ids)
+            for sid in sample_ids:
+                samples[sid] = _Sample(sid, group)
+                for acked in scored:
+                    acked[sid] = 0
+            groups[gid] = group
+            admit.append(_new_tuple(AdmitGroup, (gid, prompt_index, sample_ids)))
+        self.admitted_groups_total += count
+        return tuple(admit)
 
     def on_tokens(
         self,
@@ -229,37 +251,56 @@ class OverlapScheduler:
         than the rest of the scheduler, mostly in the garbage collector.
         """
         samples = self._samples
-        stream = self._stream
-        c = self._chunk_size
+        c = self._chunk_size if self._stream else 0  # 0: no chunks before the final one
         ready: list[ChunkReady] = []
-        for sample_id, token_ids, logprobs in outputs:
-            s = samples.get(sample_id)
-            if s is None:
-                raise self._unknown(sample_id)
-            if s.finish_reason is not None:
-                raise ValueError(f"sample {sample_id}: tokens after on_finished")
-            k = len(token_ids)
-            if logprobs is not None and len(logprobs) != k:
-                raise ValueError(f"sample {sample_id}: {k} tokens but {len(logprobs)} logprobs")
-            if k == 0:
-                continue
-            runs = s.version_runs
-            if not runs or runs[-1][1] != policy_version:
-                if runs and policy_version < runs[-1][1]:
-                    raise ValueError(
-                        f"sample {sample_id}: policy_version went back from {runs[-1][1]} to {policy_version}"
-                    )
-                runs.append((s.num_tokens, policy_version))
-            s.token_chunks.append(token_ids)
-            s.logprob_chunks.append(logprobs if logprobs is not None else ())
-            n = s.num_tokens = s.num_tokens + k
-            if stream:
+        add_ready, new_tuple, chunk_ready = ready.append, _new_tuple, ChunkReady  # locals: hot loop
+        sample_id = None
+        try:  # subscripts, not .get(): one call fewer per event; an unknown id is reported below
+            for sample_id, token_ids, logprobs in outputs:
+                s = samples[sample_id]
+                if s.finish_reason is not None:
+                    raise ValueError(f"sample {sample_id}: tokens after on_finished")
+                k = len(token_ids)
+                if logprobs is not None and len(logprobs) != k:
+                    raise ValueError(f"sample {sample_id}: {k} tokens but {len(logprobs)} logprobs")
+                if k == 0:
+                    continue
+                if s.version != policy_version:
+                    self._start_version_run(s, policy_version)
+                s.token_chunks.append(token_ids)
+                if logprobs is not None or s.logprob_chunks is not None:
+                    self._add_logprobs(s, logprobs)
+                n = s.num_tokens = s.num_tokens + k
                 cut = s.cut
-                while n - cut >= c:
-                    ready.append(ChunkReady(sample_id, cut, cut + c, False))
-                    cut += c
-                s.cut = cut
+                if c and n - cut >= c:
+                    while n - cut >= c:
+                        add_ready(new_tuple(chunk_ready, (sample_id, cut, cut + c, False)))
+                        cut += c
+                    s.cut = cut
+        except KeyError:
+            if sample_id not in samples:
+                raise self._unknown(sample_id) from None
+            raise
         return ready
+
+    @staticmethod
+    def _add_logprobs(s: _Sample, logprobs: Sequence[float] | None) -> None:
+        """Logprobs for the token chunk just appended; the list is made at the first recorded ones."""
+        lps = s.logprob_chunks
+        if lps is None:
+            lps = s.logprob_chunks = [()] * (len(s.token_chunks) - 1)
+        lps.append(logprobs if logprobs is not None else ())
+
+    def _start_version_run(self, s: _Sample, version: int) -> None:
+        if s.version is not None and version < s.version:
+            raise ValueError(f"sample {s.sample_id}: policy_version went back from {s.version} to {version}")
+        if s.version_runs:
+            s.version_runs += ((s.num_tokens, version),)
+        else:
+            if not self._first_run or self._first_run[0][1] != version:
+                self._first_run = ((0, version),)
+            s.version_runs = self._first_run
+        s.version = version
 
     def on_finished(self, sample_id: int, reason: str = "stop") -> list[ChunkReady]:
         """The sample stopped generating; return its final chunk (the whole response when not streaming)."""
@@ -272,48 +313,55 @@ class OverlapScheduler:
         if not self.scorers:
             self._sample_complete(s)
             return []
-        final = ChunkReady(sample_id, s.cut, s.num_tokens, True)
+        final = _new_tuple(ChunkReady, (sample_id, s.cut, s.num_tokens, True))
         s.cut = s.num_tokens
         return [final]
 
     def on_scored(self, sample_id: int, scorer: str, upto_token: int, final: bool = False) -> None:
         """A scorer has prefilled the sample's response tokens ``[0, upto_token)``;
         ``final``: it processed the final chunk too (the score is ready)."""
-        self._ack(scorer, ((sample_id, upto_token, final),))
+        self._ack(scorer, ((sample_id, upto_token, upto_token, final),))
 
     def on_scored_many(self, scorer: str, chunks: Iterable[ChunkReady]) -> None:
         """A scorer has processed these chunks (one batched forward), each sample's in order."""
         self._ack(scorer, chunks)
 
-    def _ack(self, scorer: str, acks: Iterable[tuple[int, int, bool]] | Iterable[ChunkReady]) -> None:
+    def _ack(self, scorer: str, acks: Iterable[ChunkReady] | Iterable[tuple[int, int, int, bool]]) -> None:
         idx = self._scorer_index.get(scorer)
         if idx is None:
             raise ValueError(f"unknown scorer {scorer!r}; this scheduler's scorers are {self.scorers}")
         bit = 1 << idx
         samples = self._samples
-        for ack in acks:
-            # ChunkReady is (sample_id, start, end, final); plain acks are (sample_id, end, final)
-            sample_id, upto_token, final = (ack[0], ack[2], ack[3]) if len(ack) == 4 else ack
-            s = samples.get(sample_id)
-            if s is None:
-                raise self._unknown(sample_id)
-            scored = s.scored
-            if upto_token > s.cut or upto_token < scored[idx]:
-                raise ValueError(
-                    f"sample {sample_id}: {scorer} scored up to {upto_token}, but only [0, {s.cut}) was sent "
-                    f"and {scored[idx]} already acknowledged"
-                )
-            scored[idx] = upto_token
-            if final:
-                if s.finish_reason is None or upto_token != s.num_tokens:
+        scored = self._scored[idx]
+        sample_id = None
+        try:  # as in on_tokens_many: subscripts in the loop, an unknown id is reported below
+            for sample_id, _, upto_token, final in acks:
+                s = samples[sample_id]
+                before = scored[sample_id]
+                if upto_token <= s.cut and upto_token >= before:
+                    scored[sample_id] = upto_token
+                else:
                     raise ValueError(
-                        f"sample {sample_id}: {scorer} acknowledged a final chunk ending at {upto_token}, "
-                        f"but the sample has not finished at that token"
+                        f"sample {sample_id}: {scorer} scored up to {upto_token}, but only [0, {s.cut}) was sent "
+                        f"and {before} already acknowledged"
                     )
-                if not s.done_mask & bit:
-                    s.done_mask |= bit
-                    if s.done_mask == self._all_done:
-                        self._sample_complete(s)
+                if final:
+                    self._ack_final(s, scorer, bit, upto_token)
+        except KeyError:
+            if sample_id not in samples:
+                raise self._unknown(sample_id) from None
+            raise
+
+    def _ack_final(self, s: _Sample, scorer: str, bit: int, upto_token: int) -> None:
+        if s.finish_reason is None or upto_token != s.num_tokens:
+            raise ValueError(
+                f"sample {s.sample_id}: {scorer} acknowledged a final chunk ending at {upto_token}, "
+                f"but the sample has not finished at that token"
+            )
+        if not s.done_mask & bit:
+            s.done_mask |= bit
+            if s.done_mask == self._all_done:
+                self._sample_complete(s)
 
     def take_batch(self) -> TrainBatch | None:
         """The step's training batch once B groups are complete (and every forced group); else None.
@@ -327,12 +375,9 @@ class OverlapScheduler:
         complete = self._complete
         if len(complete) < self.batch_groups or any(g not in complete for g in self._must_finish):
             return None
-        chosen = [g for g in complete if g in self._must_finish]
-        for g in complete:
-            if len(chosen) == self.batch_groups:
-                break
-            if g not in self._must_finish:
-                chosen.append(g)
+        forced = self._must_finish
+        chosen = [g for g in complete if g in forced] if forced else []
+        chosen += islice((g for g in complete if g not in forced), self.batch_groups - len(chosen))
         self._batch = self._build_batch(chosen)
         return self._batch
 
@@ -345,9 +390,10 @@ class OverlapScheduler:
             raise RuntimeError(f"end_step({self._step}) before a batch was taken; the step is not done")
         step = self._step
         carried_tokens = 0
+        samples = self._samples
         for g in self._groups.values():
             g.deferrals += 1
-            carried_tokens += sum(s.num_tokens for s in g.samples)
+            carried_tokens += sum(samples[sid].num_tokens for sid in g.sample_ids)
         hist = {b: 0 for b in DEFERRAL_BUCKETS}
         for tg in batch.groups:
             hist[deferral_bucket(tg.deferrals)] += 1
@@ -395,21 +441,30 @@ class OverlapScheduler:
     def _build_batch(self, group_ids: list[int]) -> TrainBatch:
         step = self._step
         assert step is not None
+        samples, scored = self._samples, self._scored
         groups = []
         tokens = offpolicy = 0
         for gid in group_ids:
             g = self._groups.pop(gid)
             del self._complete[gid]
-            samples = []
-            for s in g.samples:
-                del self._samples[s.sample_id]
-                tokens += s.num_tokens
-                offpolicy += _tokens_below_version(s.version_runs, s.num_tokens, step)
+            trained = []
+            for sid in g.sample_ids:
+                s = samples.pop(sid)
+                for acked in scored:
+                    del acked[sid]
+                n = s.num_tokens
+                runs = s.version_runs
+                tokens += n
+                if len(runs) == 1:
+                    offpolicy += n if runs[0][1] < step else 0
+                else:
+                    offpolicy += _tokens_below_version(runs, n, step)
+                lps = s.logprob_chunks
+                if lps is None:
+                    lps = _no_logprobs(len(s.token_chunks))
                 # the sample leaves the scheduler here: hand its lists over, no copy
-                samples.append(
-                    TrainSample(s.sample_id, gid, s.finish_reason, s.token_chunks, s.logprob_chunks, s.version_runs)
-                )
-            groups.append(TrainGroup(gid, g.prompt_index, g.admitted_step, g.deferrals, tuple(samples)))
+                trained.append(_new_tuple(TrainSample, (sid, gid, s.finish_reason, s.token_chunks, lps, runs)))
+            groups.append(_new_tuple(TrainGroup, (gid, g.prompt_index, g.admitted_step, g.deferrals, tuple(trained))))
         self.trained_groups_total += len(groups)
         self.trained_tokens_total += tokens
         self.offpolicy_tokens_total += offpolicy
@@ -463,7 +518,7 @@ class OverlapScheduler:
         return self._sample(sample_id).group.group_id
 
     def group_sample_ids(self, group_id: int) -> tuple[int, ...]:
-        return tuple(s.sample_id for s in self._groups[group_id].samples)
+        return self._groups[group_id].sample_ids
 
     def is_finished(self, sample_id: int) -> bool:
         return self._sample(sample_id).finish_reason is not None
@@ -496,11 +551,13 @@ class OverlapScheduler:
                         {
                             "sample_id": s.sample_id,
                             "tokens": [list(c) for c in s.token_chunks],
-                            "logprobs": [list(c) for c in s.logprob_chunks],
+                            "logprobs": [list(c) for c in s.logprob_chunks]
+                            if s.logprob_chunks is not None
+                            else [[] for _ in s.token_chunks],
                             "version_runs": [list(r) for r in s.version_runs],
                             "finish_reason": s.finish_reason,
                         }
-                        for s in g.samples
+                        for s in map(self._samples.__getitem__, g.sample_ids)
                     ],
                 }
                 for g in self._groups.values()
@@ -535,23 +592,25 @@ class OverlapScheduler:
         self.delta.load_state_dict(state["delta"])
         self.chunk.load_state_dict(state["chunk"])
         for gs in state["groups"]:
-            g = _Group(gs["group_id"], gs["prompt_index"], gs["admitted_step"])
+            g = _Group(gs["group_id"], gs["prompt_index"], gs["admitted_step"],
+                       tuple(ss["sample_id"] for ss in gs["samples"]))
             g.deferrals = gs["deferrals"]
             for ss in gs["samples"]:
-                s = _Sample(ss["sample_id"], g, len(self.scorers))
+                s = _Sample(ss["sample_id"], g)
                 s.token_chunks = [tuple(c) for c in ss["tokens"]]
                 s.logprob_chunks = [tuple(c) for c in ss["logprobs"]]
-                s.version_runs = [(int(a), int(b)) for a, b in ss["version_runs"]]
+                s.version_runs = tuple((int(a), int(b)) for a, b in ss["version_runs"])
+                s.version = s.version_runs[-1][1] if s.version_runs else None
                 s.num_tokens = sum(len(c) for c in s.token_chunks)
                 s.finish_reason = ss["finish_reason"]
-                g.samples.append(s)
                 self._samples[s.sample_id] = s
-            g.pending = len(g.samples)
+                for acked in self._scored:
+                    acked[s.sample_id] = 0
             self._groups[g.group_id] = g
             if not self.scorers:
-                for s in g.samples:
-                    if s.finish_reason is not None:
-                        self._sample_complete(s)
+                for sid in g.sample_ids:
+                    if self._samples[sid].finish_reason is not None:
+                        self._sample_complete(self._samples[sid])
         if not self.scorers:
             # keep the completion order the run had
             order = [gid for gid in state["complete_order"] if gid in self._complete]
@@ -565,7 +624,14 @@ class OverlapScheduler:
         self.deferral_hist_total = dict(totals["deferral_hist"])
 
 
-def _tokens_below_version(runs: list[tuple[int, int]], num_tokens: int, version: int) -> int:
+@lru_cache(maxsize=256)
+def _no_logprobs(num_chunks: int) -> tuple[tuple[()], ...]:
+    """Logprob chunks of a sample that recorded none: one empty entry per token chunk,
+    shared between samples (immutable) rather than a list per sample."""
+    return ((),) * num_chunks
+
+
+def _tokens_below_version(runs: Sequence[tuple[int, int]], num_tokens: int, version: int) -> int:
     count = 0
     for i, (start, v) in enumerate(runs):
         if v < version:

@@ -248,3 +248,55 @@ def test_checkpoint_from_other_shape_is_rejected():
     sched = make_scheduler(B=2)
     with pytest.raises(ValueError, match="batch_groups"):
         make_scheduler(B=3).load_state_dict(sched.state_dict())
+
+
+def test_logprobs_first_recorded_midway_keep_one_entry_per_token_chunk():
+    sched = make_scheduler(B=1, chunk=100)
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    sched.on_tokens(sid, [1, 2], None, 0)
+    sched.on_tokens(sid, [3], [-0.5], 0)
+    sched.on_tokens(sid, [4], None, 0)
+    finish_and_score(sched, sid)
+    (sample,) = sched.take_batch().groups[0].samples
+    assert [list(c) for c in sample.token_chunks] == [[1, 2], [3], [4]]
+    assert [list(c) for c in sample.logprob_chunks] == [[], [-0.5], []]
+    assert sample.rollout_logprobs == [-0.5]
+
+
+def test_samples_without_logprobs_get_an_empty_entry_per_token_chunk():
+    sched = make_scheduler(B=2, chunk=100)
+    a, b = (g.sample_ids[0] for g in sched.begin_step(0).admit)
+    sched.on_tokens(a, [1], None, 0)
+    sched.on_tokens(a, [2, 3], None, 0)
+    sched.on_tokens(b, [4], None, 0)
+    finish_and_score(sched, a)
+    finish_and_score(sched, b)
+    chunks = {s.sample_id: s.logprob_chunks for g in sched.take_batch().groups for s in g.samples}
+    assert [list(c) for c in chunks[a]] == [[], []] and [list(c) for c in chunks[b]] == [[]]
+
+
+def test_a_new_policy_version_run_leaves_other_samples_runs_alone():
+    sched = make_scheduler(B=1, delta=1, chunk=100)
+    plan = sched.begin_step(0)
+    fast, carried = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
+    sched.on_tokens(fast, [1, 2], None, 0)
+    sched.on_tokens(carried, [3], None, 0)  # both start a run at version 0
+    finish_and_score(sched, fast)
+    fast_sample = sched.take_batch().groups[0].samples[0]
+    sched.end_step(stats())
+    sched.begin_step(1)
+    sched.on_tokens(carried, [4], None, 1)
+    finish_and_score(sched, carried)
+    carried_sample = sched.take_batch().groups[0].samples[0]
+    assert list(fast_sample.version_runs) == [(0, 0)]
+    assert list(carried_sample.version_runs) == [(0, 0), (1, 1)]
+
+
+def test_unknown_sample_in_a_batch_of_events_is_named():
+    sched = make_scheduler(B=1)
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    with pytest.raises(ValueError, match="unknown sample_id 77"):
+        sched.on_tokens_many([(sid, [1], None), (77, [2], None)], 0)
+    chunks = sched.on_finished(sid)
+    with pytest.raises(ValueError, match="unknown sample_id 78"):
+        sched.on_scored_many("reward", [chunks[0], chunks[0]._replace(sample_id=78)])
