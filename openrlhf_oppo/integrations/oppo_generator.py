@@ -21,8 +21,10 @@ old logprobs, reference logprobs and values on the full sequences at training ti
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import random
 import time
 from typing import Any
 
@@ -47,6 +49,22 @@ def config_from_env() -> oppo_config.OppoConfig:
     if raw is None:
         raise RuntimeError(f"{CONFIG_ENV} is not set: launch OPPO with `python -m openrlhf_oppo.cli.train_ppo_ray`")
     return oppo_config.from_dict(json.loads(raw))
+
+
+@functools.lru_cache(maxsize=4)
+def _pass_order(seed: int, pass_index: int, num_prompts: int) -> tuple[int, ...]:
+    order = list(range(num_prompts))
+    random.Random(seed * 1_000_003 + pass_index).shuffle(order)
+    return tuple(order)
+
+
+def prompt_index_at(seed: int, position: int, num_prompts: int) -> int:
+    """Dataset index of the prompt at `position` of the prompt stream: pass
+    `position // num_prompts` over the prompts, in a permutation seeded by (seed,
+    pass). A pure function of the position, so a resumed run continues exactly
+    where its checkpoint was (the scheduler's `next_prompt_index`)."""
+    pass_index, offset = divmod(position, num_prompts)
+    return _pass_order(seed, pass_index, num_prompts)[offset]
 
 
 class OppoSamplesGenerator(SamplesGenerator):
@@ -82,9 +100,6 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
         self.scores: dict[int, float] = {}  # sample id -> streamed reward
         self.pending: list[tuple[Any, int, list[ChunkReady]]] = []  # reward calls in flight: (ref, actor, chunks)
-        self.data_iter = None
-        self.data_epoch = 0
-        self.exhausted = False
         self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
         self.step_started_s = 0.0
         self.step_gen_s = 0.0  # generation+scoring phase of the open step
@@ -105,16 +120,20 @@ class OppoSamplesGenerator(SamplesGenerator):
             raise RuntimeError("generate_samples called before finish_step closed the previous step")
         self.step_started_s = time.time()
         plan = self.scheduler.begin_step(self.step)
-        self.exhausted = False
         self.step_overlap_tokens = [0, 0]
         self._admit(plan, generate_kwargs)
+        # The step that admits the last prompt of a pass ends OpenRLHF's episode (as its
+        # own generator reports the dataloader exhausted); carried groups go on.
+        per_pass = len(self.prompts_dataloader.dataset)
+        end = self.scheduler.next_prompt_index
+        exhausted = bool(plan.admit) and end // per_pass > plan.admit[0].prompt_index // per_pass
         self._dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
         self.step_scorer_busy0_s = self._scorer_busy_s()
         batch, self.step_generated_tokens = self._stream_until_batch()
         self.step_gen_s = time.time() - self.step_started_s
         self.open_batch = batch
         experiences = [self._experience(g, s, generate_kwargs) for g in batch.groups for s in g.samples]
-        return experiences, None, len(plan.admit), self.exhausted
+        return experiences, None, len(plan.admit), exhausted
 
     def finish_step(self, mean_reward: float) -> dict[str, float]:
         """Close the step with the trained batch's mean reward (feeds Δ); returns `oppo/*` metrics."""
@@ -182,19 +201,10 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     # ------------------------------------------------------------------ phases
 
-    def _next_prompt(self) -> tuple[str, str]:
-        """Prompts in the dataloader's order; a new pass starts when one ends
-        (the step that crossed the end reports `exhausted`, ending OpenRLHF's episode)."""
-        while True:
-            if self.data_iter is None:
-                self.data_iter = iter(self.prompts_dataloader)
-            try:
-                _, prompts, labels, _ = next(self.data_iter)
-                return prompts[0], labels[0]
-            except StopIteration:
-                self.data_iter = None
-                self.data_epoch += 1
-                self.exhausted = True
+    def _prompt_at(self, position: int) -> tuple[str, str]:
+        dataset = self.prompts_dataloader.dataset
+        _, prompt, label, _ = dataset[prompt_index_at(self.args.train.seed, position, len(dataset))]
+        return prompt, label
 
     def _sampling_params(self, generate_kwargs) -> SamplingParams:
         return SamplingParams(
@@ -214,7 +224,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         per_engine: dict[int, list[SampleRequest]] = {}
         opens: dict[int, dict[int, list[int]]] = {}
         for group in plan.admit:
-            prompt, label = self._next_prompt()
+            prompt, label = self._prompt_at(group.prompt_index)
             ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
             budget = max_new if max_new is not None else max(1, max_len - len(ids))
             ids = ids[-max(1, max_len - budget):]  # as OpenRLHF's executor truncates long prompts
@@ -342,9 +352,6 @@ class OppoSamplesGenerator(SamplesGenerator):
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "prompts": {str(gid): list(v) for gid, v in self.prompts.items() if gid in set(self.scheduler.in_flight_groups)},
-            "scores": {str(k): v for k, v in self.scores.items()},
-            "data_epoch": self.data_epoch,
-            "data_offset": self.scheduler.next_prompt_index,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -352,10 +359,4 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step = state["step"]
         self.prompts = {int(gid): (p, l, ids) for gid, (p, l, ids) in state["prompts"].items()}
         self.scores = {}  # reward actors restart empty: every held sample is re-scored
-        self.needs_restart = True
-        # position the prompt stream where the checkpoint left it
-        per_epoch = len(self.prompts_dataloader)
-        self.data_epoch = state["data_offset"] // per_epoch
-        self.data_iter = iter(self.prompts_dataloader)
-        for _ in range(state["data_offset"] % per_epoch):
-            next(self.data_iter)
+        self.needs_restart = True  # the prompt stream resumes at scheduler.next_prompt_index

@@ -98,3 +98,14 @@ def test_incompatible_flags_name_both_flags():
     with pytest.raises(ValueError, match=r"--vllm\.enable_sleep"):
         check_flags(rest, cfg)
     check_flags(["--rollout.batch_size", "4"], cfg)  # fine
+
+
+def test_prompt_stream_is_a_pure_function_of_position():
+    from openrlhf_oppo.integrations.oppo_generator import prompt_index_at
+
+    first_pass = [prompt_index_at(42, p, 8) for p in range(8)]
+    second_pass = [prompt_index_at(42, p, 8) for p in range(8, 16)]
+    assert sorted(first_pass) == sorted(second_pass) == list(range(8))  # each pass visits every prompt once
+    assert first_pass != second_pass  # reshuffled per pass
+    assert [prompt_index_at(42, p, 8) for p in range(16)] == first_pass + second_pass  # repeatable
+    assert [prompt_index_at(7, p, 8) for p in range(8)] != first_pass  # seeded by --train.seed
