@@ -107,7 +107,8 @@ class StalenessConfig:
     )
     correction: str = _f(
         "none",
-        "Off-policy correction with the recorded rollout logprobs: 'none', 'tis' or 'icepop' (OpenRLHF's).",
+        "Off-policy correction with the recorded rollout logprobs, by OpenRLHF's importance-sampling "
+        "correction: 'none', 'tis' (token-level clip) or 'icepop' (token-level mask).",
         choices=("none", "tis", "icepop"),
     )
 

@@ -65,6 +65,25 @@ def _value(flag: str, argv: list[str]) -> str | None:
     return None
 
 
+# --oppo.staleness.correction -> OpenRLHF 0.11.2's importance-sampling correction against
+# the recorded rollout logprobs (its own naming: TIS = token clip, ICEPOP = token mask)
+CORRECTIONS = {
+    "tis": ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip"],
+    "icepop": ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "mask"],
+}
+
+
+def _correction_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
+    if cfg.staleness.correction == "none":
+        return []
+    if _value("--algo.advantage.is_correction_level", argv) not in (None, "off"):
+        raise ValueError(
+            "--oppo.staleness.correction cannot be combined with --algo.advantage.is_correction_level: "
+            "set one of them"
+        )
+    return CORRECTIONS[cfg.staleness.correction]
+
+
 def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
     """OpenRLHF's flags for this run. When OPPO streams rewards, its streaming reward
     actors take the place (and the GPUs) of OpenRLHF's reward model group: OpenRLHF
@@ -72,6 +91,7 @@ def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
     is passed (OPPO's generator never calls OpenRLHF's reward executor). The critic
     then keeps OpenRLHF's default of starting from the reward model."""
     argv = list(rest)
+    argv += _correction_flags(argv, cfg)
     if not (cfg.streaming.enable and cfg.streaming.reward):
         return argv
     reward_path = _value("--reward.model_name_or_path", argv)

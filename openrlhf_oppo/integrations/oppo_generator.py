@@ -150,7 +150,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             busy = self._scorer_busy_s() - self.step_scorer_busy0_s
             metrics["oppo/scorer_idle_fraction"] = 1.0 - min(1.0, busy / max(self.step_gen_s * len(self.reward_actors), 1e-9))
         self._write_trace(batch, report)
-        for g in batch.groups:
+        for g in batch.groups:  # trained: nothing of it is needed again
+            del self.prompts[g.group_id]
             for s in g.samples:
                 self.scores.pop(s.sample_id, None)
         self.step += 1
@@ -351,7 +352,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         return {
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
-            "prompts": {str(gid): list(v) for gid, v in self.prompts.items() if gid in set(self.scheduler.in_flight_groups)},
+            "prompts": {str(gid): list(v) for gid, v in self.prompts.items()},  # in-flight groups only
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -109,3 +109,18 @@ def test_prompt_stream_is_a_pure_function_of_position():
     assert first_pass != second_pass  # reshuffled per pass
     assert [prompt_index_at(42, p, 8) for p in range(16)] == first_pass + second_pass  # repeatable
     assert [prompt_index_at(7, p, 8) for p in range(8)] != first_pass  # seeded by --train.seed
+
+
+def test_streaming_replaces_openrlhfs_reward_group_and_correction_maps_to_openrlhf_flags():
+    from openrlhf_oppo.cli.train_ppo_ray import STREAMING_REWARD_URL, openrlhf_argv, parse
+
+    cfg, rest = parse(["--reward.model_name_or_path", "/rm", "--oppo.staleness.correction", "icepop"])
+    argv = openrlhf_argv(rest, cfg)
+    assert argv[argv.index("--reward.remote_url") + 1] == STREAMING_REWARD_URL
+    assert argv[argv.index("--critic.model_name_or_path") + 1] == "/rm"  # OpenRLHF's default kept
+    assert argv[argv.index("--algo.advantage.is_correction_mode") + 1] == "mask"
+    cfg, rest = parse(["--reward.model_name_or_path", "/rm", "--oppo.streaming.enable", "false"])
+    assert openrlhf_argv(rest, cfg) == rest  # OpenRLHF's own reward group scores
+    cfg, rest = parse(["--oppo.staleness.correction", "tis", "--algo.advantage.is_correction_level", "seq"])
+    with pytest.raises(ValueError, match=r"--oppo\.staleness\.correction .* --algo\.advantage\.is_correction_level"):
+        openrlhf_argv(rest, cfg)
