@@ -3,7 +3,7 @@
     openrlhf-oppo train --schedule sync|async|partial|oversample|oppo|... --config configs/tiny-cpu.yaml
     openrlhf-oppo bench core|scorer
     openrlhf-oppo prepare      # build the tiny task's model/tokenizer assets
-    openrlhf-oppo simulate
+    openrlhf-oppo config       # resolve and print the OPPO settings
 
 Each subcommand lives in `openrlhf_oppo.cli.<name>` and exposes `main(argv) -> int`;
 heavy imports happen inside it, so `openrlhf-oppo bench core` needs no torch.
@@ -19,7 +19,6 @@ SUBCOMMANDS = {
     "bench": ("openrlhf_oppo.cli.bench", "micro-benchmarks: `core` (scheduler), `scorer` (streaming prefill)"),
     "config": ("openrlhf_oppo.cli.config", "resolve, validate and print the OPPO settings (YAML + --oppo.* flags)"),
     "prepare": ("openrlhf_oppo.cli.prepare", "build the tiny task's tokenizer, models and prompts locally"),
-    "simulate": ("openrlhf_oppo.cli.simulate", "cluster-scale discrete-event simulation of the scheduler"),
 }
 
 
@@ -39,13 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"openrlhf-oppo: unknown command '{name}'; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     module_name = SUBCOMMANDS[name][0]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            print(f"openrlhf-oppo: command '{name}' is not available in this version", file=sys.stderr)
-            return 2
-        raise
+    module = importlib.import_module(module_name)
     try:
         return int(module.main(rest) or 0)
     except ValueError as exc:

@@ -16,6 +16,10 @@ class _PatchingLoader(importlib.abc.Loader):
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
+    def __getattr__(self, name):
+        # get_source, get_filename, is_package, ...: inspect and tracebacks ask the loader
+        return getattr(self._inner, name)
+
     def exec_module(self, module):
         for patch in self._before:
             patch.fn(module)

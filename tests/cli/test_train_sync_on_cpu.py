@@ -10,7 +10,9 @@ import pytest
 import torch
 
 SYNC_STEPS = 4  # configs/tiny-cpu.yaml: 16 prompts / rollout batch 4
-LOGPROB_ATOL = 1e-2  # bf16 vLLM CPU kernels vs an HF forward of the same weights
+# bf16 vLLM CPU kernels vs an fp32 HF forward of the same weights: a bf16 logprob near -5
+# is a multiple of 2**-5, so rounding alone moves it by up to ~0.016
+LOGPROB_ATOL = 2e-2
 TIE_GAP = 1e-2  # greedy choices closer than this are numerical ties
 
 
@@ -59,12 +61,14 @@ def test_weights_synced_into_vllm_equal_the_trained_actor(sync_run):
     last = sync_run.probes()[-1]
     vllm_logprobs = torch.tensor(last["logprobs"])
     chosen, argmax, gap = _teacher_forced(sync_run.root / "model", last)
-    assert (chosen - vllm_logprobs).abs().max() < LOGPROB_ATOL
+    trained_err = (chosen - vllm_logprobs).abs().max()
+    assert trained_err < LOGPROB_ATOL
     decided = gap > TIE_GAP
     assert decided.sum() >= len(gap) // 2
     assert torch.equal(argmax[decided], torch.tensor(last["token_ids"])[decided])
     initial, _, _ = _teacher_forced(sync_run.assets / "actor", last)
-    assert (initial - vllm_logprobs).abs().max() > 5 * LOGPROB_ATOL  # the check can tell the two apart
+    initial_err = (initial - vllm_logprobs).abs().max()
+    assert initial_err > LOGPROB_ATOL and initial_err > 3 * trained_err  # the check can tell the two apart
 
 
 def test_one_sync_ppo_step_changes_the_actor_and_training_changes_the_critic(sync_run):
