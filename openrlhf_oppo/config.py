@@ -131,8 +131,16 @@ class StreamingConfig:
 
     enable: bool = _f(True, "Stream chunks into the scorers during generation (intra-step overlap).")
     reward: bool = _f(True, "Stream into the reward model.")
-    reference: bool = _f(True, "Stream into the reference model (frozen: its cache survives steps).")
-    critic: bool = _f(False, "Stream into the critic (its cache is valid within one step only).")
+    reference: bool = _f(
+        False,
+        "Stream into the reference model (frozen: its cache survives steps). The scorer exists "
+        "(openrlhf_oppo.models); the OpenRLHF integration does not route chunks to it yet.",
+    )
+    critic: bool = _f(
+        False,
+        "Stream into the critic (its cache is valid within one step only). Not routed by the "
+        "OpenRLHF integration yet.",
+    )
     kv_budget_tokens: int = _f(0, "KV-cache budget per scorer in tokens; 0 = unbounded.")
 
     def __post_init__(self) -> None:

@@ -93,7 +93,8 @@ def test_config_is_frozen():
 
 
 def test_streaming_scorers_follow_flags():
-    assert C.StreamingConfig().scorers() == ("reward", "reference")
+    assert C.StreamingConfig().scorers() == ("reward",)
+    assert C.StreamingConfig(reference=True).scorers() == ("reward", "reference")
     assert C.StreamingConfig(critic=True, reference=False).scorers() == ("reward", "critic")
     assert C.StreamingConfig(enable=False).scorers() == ()
 

@@ -50,12 +50,15 @@ def main(argv: list[str]) -> int:
 
     schedule = schedules.check(args.schedule)
     config = yaml_config.load(args.config)
-    oppo_argv = schedules.oppo_argv(args.schedule, config.oppo)  # validated before any work
+    oppo_cfg = schedules.oppo_config(args.schedule, config.oppo)  # validated before any work
     flags = dict(config.flags)
-    if oppo_argv:
+    oppo_argv: list[str] = []
+    if oppo_cfg is not None:
         from openrlhf_oppo.cli import train_ppo_ray
+        from openrlhf_oppo.config import to_cli_args
 
-        train_ppo_ray.check_flags([*yaml_config.to_argv(flags), *args.extra], train_ppo_ray.parse(oppo_argv)[0])
+        train_ppo_ray.check_flags([*yaml_config.to_argv(flags), *args.extra], oppo_cfg)
+        oppo_argv = to_cli_args(oppo_cfg)
     task_defaults, tokenizer_json = _task_flags(flags, args.assets or config.task.get("assets"))
     flags.update(task_defaults)
     flags.update(schedules.schedule_flags(args.schedule, flags))

@@ -46,6 +46,12 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     for flag, why in INCOMPATIBLE_FLAGS.items():
         if _given(flag, argv):
             raise ValueError(f"{flag} cannot be combined with OPPO (python -m openrlhf_oppo.cli.train_ppo_ray): {why}")
+    for name in ("reference", "critic"):
+        if getattr(cfg.streaming, name):
+            raise ValueError(
+                f"--oppo.streaming.{name}: this version streams into the reward model only "
+                f"(OpenRLHF computes {name} outputs one-shot); leave it false"
+            )
     if _given("--rollout.vllm_generate_batch_size", argv) and cfg.delta.enable:
         raise ValueError(
             "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable: "

@@ -219,41 +219,42 @@ class OppoSamplesGenerator(SamplesGenerator):
         )
 
     def _admit(self, plan, generate_kwargs) -> None:
+        """Start the plan's new groups (and, after a checkpoint load, the held ones):
+        each sample on its engine and, when streaming, opened on its reward actor."""
         params = self._sampling_params(generate_kwargs)
         max_len = generate_kwargs.get("max_len", 2048)
-        max_new = params.max_tokens
+
+        def budget(prompt_len: int) -> int:  # response tokens, as OpenRLHF's executor sizes them
+            return params.max_tokens if params.max_tokens is not None else max(1, max_len - prompt_len)
+
         per_engine: dict[int, list[SampleRequest]] = {}
         opens: dict[int, dict[int, list[int]]] = {}
+
+        def route(sid: int, prompt_ids: list[int], held: list[int] | None) -> None:
+            if self.reward_actors:
+                opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
+            if held is not None:  # None: finished already, nothing to decode
+                req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)))
+                per_engine.setdefault(sid % len(self.vllm_engines), []).append(req)
+
         for group in plan.admit:
             prompt, label = self._prompt_at(group.prompt_index)
             ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
-            budget = max_new if max_new is not None else max(1, max_len - len(ids))
-            ids = ids[-max(1, max_len - budget):]  # as OpenRLHF's executor truncates long prompts
+            ids = ids[-max(1, max_len - budget(len(ids))):]  # as OpenRLHF's executor truncates long prompts
             self.prompts[group.group_id] = (prompt, label, ids)
             for sid in group.sample_ids:
-                per_engine.setdefault(sid % len(self.vllm_engines), []).append(SampleRequest(sid, ids, [], budget))
-                if self.reward_actors:
-                    opens.setdefault(sid % len(self.reward_actors), {})[sid] = ids
+                route(sid, ids, [])
         if self.needs_restart:
-            self._restart_held(plan, per_engine, opens, max_new, max_len)
+            # engines and reward actors hold nothing: reopen every held sample (`plan.restream`
+            # re-sends its tokens) and restart the unfinished ones after the tokens they had
+            self.needs_restart = False
+            for gid in plan.carried:
+                for sid in self.scheduler.group_sample_ids(gid):
+                    held = None if self.scheduler.is_finished(sid) else self.scheduler.held_tokens(sid)
+                    route(sid, self.prompts[gid][2], held)
         for idx, prompts in opens.items():
             self.reward_actors[idx].open_many.remote(prompts)
         ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
-
-    def _restart_held(self, plan, per_engine, opens, max_new, max_len) -> None:
-        """After a checkpoint load: open every held sample on the reward actors again
-        (`plan.restream` re-sends its tokens) and restart the unfinished ones on the
-        engines from their prompt plus the tokens they already had."""
-        self.needs_restart = False
-        for gid in plan.carried:
-            prompt_ids = self.prompts[gid][2]
-            budget = max_new if max_new is not None else max(1, max_len - len(prompt_ids))
-            for sid in self.scheduler.group_sample_ids(gid):
-                if self.reward_actors:
-                    opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
-                if not self.scheduler.is_finished(sid):
-                    req = SampleRequest(sid, prompt_ids, self.scheduler.held_tokens(sid), budget)
-                    per_engine.setdefault(sid % len(self.vllm_engines), []).append(req)
 
     def _stream_until_batch(self) -> tuple[TrainBatch, int]:
         generated = 0
@@ -325,9 +326,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             "scores": reward,
             "extra_logs": {},
         }
-        exp = self._process_response_into_experience(response, **generate_kwargs)
-        exp.info["oppo_deferrals"] = torch.tensor([float(group.deferrals)])
-        return exp
+        return self._process_response_into_experience(response, **generate_kwargs)
 
     def _scorer_busy_s(self) -> float:
         if not self.reward_actors:

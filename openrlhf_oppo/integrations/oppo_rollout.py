@@ -121,14 +121,5 @@ class OppoRolloutActor(_BASE):
         self._outbox_ready.clear()
         return out
 
-    def num_decoding(self) -> int:
-        return len(self._tasks)
-
-    async def abort_samples(self) -> None:
-        """Cancel every running request (shutdown)."""
-        for task in list(self._tasks.values()):
-            task.cancel()
-        self._tasks.clear()
-
 
 OppoRolloutRayActor = ray.remote(OppoRolloutActor)

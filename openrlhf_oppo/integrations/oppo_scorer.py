@@ -51,10 +51,6 @@ class StreamingRewardActor:
         self.busy_s += time.perf_counter() - t0
         return scores
 
-    def drop_many(self, seq_ids: list[int]) -> None:
-        for seq_id in seq_ids:
-            self.scorer.drop(seq_id)
-
     def stats(self) -> dict[str, float]:
         s = self.scorer.stats()
         return {"busy_s": self.busy_s, **{k: float(v) for k, v in vars(s).items() if isinstance(v, (int, float))}}

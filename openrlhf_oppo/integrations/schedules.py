@@ -83,16 +83,24 @@ def schedule_flags(name: str, flags: dict[str, FlagValue]) -> dict[str, FlagValu
     return {key: value(flags) if callable(value) else value for key, value in schedule.flags.items()}
 
 
-def oppo_argv(name: str, oppo_section: dict) -> list[str]:
-    """`--oppo.*` flags for an OPPO schedule: the YAML's `oppo:` section with the
-    schedule's overrides on top, validated (ValueError naming the field)."""
-    from openrlhf_oppo import config as oppo_config
+def oppo_config(name: str, oppo_section: dict):
+    """The OppoConfig of an OPPO schedule: the YAML's `oppo:` section with the
+    schedule's overrides on top, validated (ValueError naming the field); None for
+    OpenRLHF's own schedules, where the section does not apply."""
+    from openrlhf_oppo import config as oppo_config_module
 
     schedule = check(name)
-    if schedule.oppo is None:  # OpenRLHF's own schedules: the `oppo:` section does not apply
-        return []
-    merged = _merge(oppo_section, schedule.oppo)
-    return oppo_config.to_cli_args(oppo_config.from_dict(merged))
+    if schedule.oppo is None:
+        return None
+    return oppo_config_module.from_dict(_merge(oppo_section, schedule.oppo))
+
+
+def oppo_argv(name: str, oppo_section: dict) -> list[str]:
+    """`--oppo.*` flags for `oppo_config(name, oppo_section)` ([] for OpenRLHF's schedules)."""
+    from openrlhf_oppo import config as oppo_config_module
+
+    cfg = oppo_config(name, oppo_section)
+    return [] if cfg is None else oppo_config_module.to_cli_args(cfg)
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import itemgetter
 
-from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
+from openrlhf_oppo.core import OverlapScheduler, StepPlan
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,10 @@ class SyntheticRollout:
     (one vLLM streaming delta per sample); a sample that reaches its length finishes.
     """
 
-    def __init__(self, lengths: LengthModel, rng: random.Random, reward_of_step=None) -> None:
+    def __init__(self, lengths: LengthModel, rng: random.Random) -> None:
         self.lengths = lengths
         self.rng = rng
         self.remaining: dict[int, int] = {}  # sample id -> tokens still to generate
-        self.reward_of_step = reward_of_step or (lambda step: 0.0)
 
     def admit(self, plan: StepPlan) -> None:
         for group in plan.admit:
@@ -76,24 +75,3 @@ def feed_round(sched: OverlapScheduler, events: list[tuple[int, list[int], bool]
         chunks += sched.on_finished(sid, "stop")
     for name in sched.scorers:
         sched.on_scored_many(name, chunks)
-
-
-def run_step(
-    sched: OverlapScheduler, engine: SyntheticRollout, step: int, tokens_per_round: int
-) -> tuple[TrainBatch, StepReport, int]:
-    """Run one whole step; returns the batch, the report and the decode rounds it took."""
-    plan = sched.begin_step(step)
-    engine.admit(plan)
-    rounds = 0
-    batch = sched.take_batch()
-    generated = 0
-    while batch is None:
-        if not engine.remaining:
-            raise RuntimeError("engine ran dry before the batch was complete")
-        events = engine.round(tokens_per_round)
-        generated += sum(len(toks) for _, toks, _ in events)
-        feed_round(sched, events, step)
-        rounds += 1
-        batch = sched.take_batch()
-    report = sched.end_step(StepStats(engine.reward_of_step(step), generated, float(rounds)))
-    return batch, report, rounds

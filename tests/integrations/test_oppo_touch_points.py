@@ -124,3 +124,12 @@ def test_streaming_replaces_openrlhfs_reward_group_and_correction_maps_to_openrl
     cfg, rest = parse(["--oppo.staleness.correction", "tis", "--algo.advantage.is_correction_level", "seq"])
     with pytest.raises(ValueError, match=r"--oppo\.staleness\.correction .* --algo\.advantage\.is_correction_level"):
         openrlhf_argv(rest, cfg)
+
+
+def test_unwired_reference_and_critic_streaming_are_refused_by_name():
+    from openrlhf_oppo.cli.train_ppo_ray import check_flags, parse
+
+    for name in ("reference", "critic"):
+        cfg, rest = parse([f"--oppo.streaming.{name}", "true"])
+        with pytest.raises(ValueError, match=rf"--oppo\.streaming\.{name}: this version streams into the reward model only"):
+            check_flags(rest, cfg)
