@@ -2,10 +2,11 @@
 
 One step = 1,024 prompt groups x n=4 samples with long-tail lengths up to 16k
 tokens, decoded round by round, one `on_tokens` event per sample per chunk of C
-tokens, every chunk acknowledged by two scorers. Only the scheduler calls are
-timed (engine bookkeeping is excluded). Each C runs ``--repeats`` times, interleaved
-with the other C values so that a shared machine's load drifts over all of them
-alike; medians pool the steps of every repeat. Prints figures; it asserts nothing.
+tokens (a fresh ``array("i")`` each, as the rollout actors send vLLM's deltas),
+every chunk acknowledged by two scorers. Only the scheduler calls are timed (engine
+bookkeeping is excluded). Each C runs ``--repeats`` times, interleaved with the
+other C values so that a shared machine's load drifts over all of them alike;
+medians pool the steps of every repeat. Prints figures; it asserts nothing.
 """
 
 from __future__ import annotations

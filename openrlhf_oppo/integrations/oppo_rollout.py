@@ -15,6 +15,7 @@ scheduler core on the generator's side.
 from __future__ import annotations
 
 import asyncio
+from array import array
 from copy import deepcopy
 from dataclasses import dataclass
 
@@ -37,8 +38,10 @@ class SampleRequest:
 @dataclass(frozen=True)
 class SampleDelta:
     sample_id: int
-    token_ids: list[int]
-    logprobs: list[float] | None
+    # arrays, not lists: the driver's scheduler holds millions of these ids between
+    # steps, and arrays are invisible to the cyclic GC (lists are walked on every pass)
+    token_ids: array  # array("i")
+    logprobs: array | None  # array("d")
     policy_version: int
     finish_reason: str | None  # "stop" | "length" | "abort" on the last delta of a sample
 
@@ -67,7 +70,8 @@ class OppoRolloutActor(_BASE):
             params.output_kind = RequestOutputKind.DELTA
             params.max_tokens = req.max_tokens - len(req.held_ids)
             if params.max_tokens <= 0:
-                self._push(SampleDelta(req.sample_id, [], [] if params.logprobs else None, self._policy_version, "length"))
+                no_logprobs = array("d") if params.logprobs else None
+                self._push(SampleDelta(req.sample_id, array("i"), no_logprobs, self._policy_version, "length"))
                 continue
             self._tasks[req.sample_id] = asyncio.create_task(self._decode(req, params))
 
@@ -82,14 +86,14 @@ class OppoRolloutActor(_BASE):
                 comp = out.outputs[0]
                 logprobs = None
                 if params.logprobs is not None and comp.logprobs is not None:
-                    logprobs = [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)]
+                    logprobs = array("d", [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)])
                 reason = comp.finish_reason if out.finished else None
                 if reason is not None:
                     finish_reason = "length" if reason == "length" else "abort" if reason == "abort" else "stop"
                 self._push(
                     SampleDelta(
                         req.sample_id,
-                        list(comp.token_ids),
+                        array("i", comp.token_ids),
                         logprobs,
                         self._policy_version,
                         finish_reason if out.finished else None,
@@ -97,11 +101,11 @@ class OppoRolloutActor(_BASE):
                 )
                 if out.finished:
                     return
-            self._push(SampleDelta(req.sample_id, [], None, self._policy_version, finish_reason))
+            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, finish_reason))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # surface engine failures to the generator, do not lose the sample silently
-            self._push(SampleDelta(req.sample_id, [], None, self._policy_version, "abort"))
+            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, "abort"))
             raise RuntimeError(f"OPPO rollout: sample {req.sample_id} failed: {exc!r}") from exc
         finally:
             self._tasks.pop(req.sample_id, None)

@@ -8,6 +8,7 @@ at once, so a step ends as soon as the batch is complete. Randomness is injected
 from __future__ import annotations
 
 import math
+from array import array
 import random
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -47,13 +48,13 @@ class SyntheticRollout:
             for sid in group.sample_ids:
                 self.remaining[sid] = self.lengths.sample(self.rng)
 
-    def round(self, tokens_per_round: int) -> list[tuple[int, list[int], bool]]:
+    def round(self, tokens_per_round: int) -> list[tuple[int, array, bool]]:
         """One decode round: ``(sample_id, new_token_ids, finished)`` per unfinished sample."""
-        block = list(range(tokens_per_round))  # token ids do not matter to the scheduler
+        block = array("i", range(tokens_per_round))  # token ids do not matter to the scheduler
         out = []
         for sid, left in self.remaining.items():
             k = min(tokens_per_round, left)
-            # a fresh list per sample per round, as vLLM's streamed deltas arrive
+            # a fresh array per sample per round, as the rollout actors hand vLLM's deltas over
             out.append((sid, block[:k], k == left))
         for sid, toks, done in out:
             if done:
@@ -66,7 +67,7 @@ class SyntheticRollout:
 _sample_id, _token_ids, _finished = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def feed_round(sched: OverlapScheduler, events: list[tuple[int, list[int], bool]], version: int) -> None:
+def feed_round(sched: OverlapScheduler, events: list[tuple[int, array, bool]], version: int) -> None:
     """Feed one decode round; every scorer acknowledges every chunk at once."""
     # a lazy C-level zip, not a list of (sid, toks, None): zip hands out one reused tuple,
     # so thousands per round never reach the GC's youngest generation
