@@ -12,6 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+from openrlhf_oppo.integrations import seeding
+
 OPENRLHF_VERSION = "0.11.2"
 DEEPSPEED_VERSION = "0.19.6"
 VLLM_VERSION = "0.29.0"
@@ -136,6 +138,13 @@ def weight_sync_receiver(module) -> None:
     module.WorkerWrap.init_process_group = weight_sync.worker_init_process_group
 
 
+# Not CPU workarounds: seeded rollouts for OpenRLHF's own schedules (integrations.seeding),
+# carried by the compat layer's hooks, so present where it is.
+seeded_rollouts_driver = _gated(seeding.seeded_rollouts_driver)
+seeded_rollouts_engine = _gated(seeding.seeded_rollouts_engine)
+seeded_prompt_order = _gated(seeding.seeded_prompt_order)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch("flash_attn_standin", "openrlhf.models.ring_attn_utils", flash_attn_standin,
           f"openrlhf {OPENRLHF_VERSION}", before_exec=True),
@@ -147,4 +156,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch("weight_sync_sender", "openrlhf.trainer.ray.ppo_actor", weight_sync_sender, f"openrlhf {OPENRLHF_VERSION}"),
     Patch("weight_sync_receiver", "openrlhf.trainer.ray.vllm_worker_wrap", weight_sync_receiver,
           f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
+    Patch("seeded_rollouts_driver", "openrlhf.trainer.ppo_utils.samples_generator", seeded_rollouts_driver,
+          f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
+    Patch("seeded_rollouts_engine", "openrlhf.trainer.ray.vllm_engine", seeded_rollouts_engine,
+          f"openrlhf {OPENRLHF_VERSION}"),
+    Patch("seeded_prompt_order", "openrlhf.trainer.ppo_trainer", seeded_prompt_order, f"openrlhf {OPENRLHF_VERSION}"),
 )

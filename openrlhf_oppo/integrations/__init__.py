@@ -4,6 +4,7 @@
     schedules         schedule name -> OpenRLHF flags (sync, async, partial, oversample, ...)
     yaml_config       our YAML -> OpenRLHF's own dotted flags
     launcher          runs `python -m openrlhf.cli.train_ppo_ray` unmodified (+ compat on CPU)
+    seeding           per-request vLLM seeds under --train.full_determinism_enable (every schedule)
 
 The CPU-only patches of OpenRLHF internals live in `openrlhf_oppo.compat.patches`.
 """

@@ -22,6 +22,7 @@ from typing import Any
 
 from openrlhf_oppo import compat
 from openrlhf_oppo.compat import weight_sync
+from openrlhf_oppo.integrations import seeding
 from openrlhf_oppo.integrations.openrlhf_flags import TRAIN_MODULE
 from openrlhf_oppo.integrations.yaml_config import to_argv
 
@@ -61,6 +62,10 @@ class RunPaths:
     def oppo_trace(self) -> Path:
         return self.root / "oppo_trace.jsonl"  # admitted / trained / carried per step (OPPO schedules)
 
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts.jsonl"  # each step's trained samples (every schedule)
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -90,6 +95,7 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     env.update(compat.launch_env(env))
     env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
     env["OPPO_TRACE_JSONL"] = str(paths.oppo_trace)
+    env[seeding.ROLLOUTS_ENV] = str(paths.rollouts)
     if probe_ids:
         env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
         env[weight_sync.PROBE_PROMPT_ENV] = ",".join(map(str, probe_ids))
@@ -114,6 +120,7 @@ def launch(
     paths.sync_probe.unlink(missing_ok=True)
     paths.oppo_metrics.unlink(missing_ok=True)
     paths.oppo_trace.unlink(missing_ok=True)
+    paths.rollouts.unlink(missing_ok=True)
     flags = run_flags(paths, flags)
     if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
         flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY

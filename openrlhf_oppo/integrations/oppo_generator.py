@@ -21,16 +21,14 @@ old logprobs, reference logprobs and values on the full sequences at training ti
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import random
 import time
 from typing import Any
 
 import ray
 import torch
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from tqdm import tqdm
 from vllm import SamplingParams
 
@@ -38,6 +36,7 @@ from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch
 from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
 from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
+from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
 
 CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
 TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
@@ -51,20 +50,28 @@ def config_from_env() -> oppo_config.OppoConfig:
     return oppo_config.from_dict(json.loads(raw))
 
 
-@functools.lru_cache(maxsize=4)
-def _pass_order(seed: int, pass_index: int, num_prompts: int) -> tuple[int, ...]:
-    order = list(range(num_prompts))
-    random.Random(seed * 1_000_003 + pass_index).shuffle(order)
-    return tuple(order)
+class PromptStream:
+    """OpenRLHF's prompt dataloader read as one stream, pass after pass, in the
+    dataloader's own (seeded, shuffled) order: OPPO admits the prompts that
+    `--schedule sync` would draw, in the same order. Position `p` of the stream is
+    prompt `p % len(dataloader)` of pass `p // len(dataloader)`. Read ahead one
+    group at a time as the scheduler admits them; between steps the dataloader's
+    `state_dict` stands at the next unread position (OpenRLHF checkpoints it)."""
 
+    def __init__(self, dataloader) -> None:
+        self.dataloader = dataloader
+        self._it = None
 
-def prompt_index_at(seed: int, position: int, num_prompts: int) -> int:
-    """Dataset index of the prompt at `position` of the prompt stream: pass
-    `position // num_prompts` over the prompts, in a permutation seeded by (seed,
-    pass). A pure function of the position, so a resumed run continues exactly
-    where its checkpoint was (the scheduler's `next_prompt_index`)."""
-    pass_index, offset = divmod(position, num_prompts)
-    return _pass_order(seed, pass_index, num_prompts)[offset]
+    def next(self) -> tuple[str, str]:
+        """(prompt, label) at the next position."""
+        for _ in range(2):
+            if self._it is None:
+                self._it = iter(self.dataloader)
+            prompts, labels, _, _ = _collect_prompt_batch(self._it, 1)
+            if prompts:
+                return prompts[0], labels[0]
+            self._it = None  # the pass is over; the next one reshuffles
+        raise ValueError("the prompt dataset is empty (--data.prompt_dataset, --data.max_samples)")
 
 
 class OppoSamplesGenerator(SamplesGenerator):
@@ -96,6 +103,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             )
             for _ in range(num_scorers)
         ]
+        self.prompt_stream = PromptStream(prompts_dataloader)
         self.step = 0  # == policy version: weight syncs done so far
         self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
         self.scores: dict[int, float] = {}  # sample id -> streamed reward
@@ -124,7 +132,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self._admit(plan, generate_kwargs)
         # The step that admits the last prompt of a pass ends OpenRLHF's episode (as its
         # own generator reports the dataloader exhausted); carried groups go on.
-        per_pass = len(self.prompts_dataloader.dataset)
+        per_pass = len(self.prompts_dataloader)
         end = self.scheduler.next_prompt_index
         exhausted = bool(plan.admit) and end // per_pass > plan.admit[0].prompt_index // per_pass
         self._dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
@@ -132,7 +140,11 @@ class OppoSamplesGenerator(SamplesGenerator):
         batch, self.step_generated_tokens = self._stream_until_batch()
         self.step_gen_s = time.time() - self.step_started_s
         self.open_batch = batch
-        experiences = [self._experience(g, s, generate_kwargs) for g in batch.groups for s in g.samples]
+        # groups in stream order, not completion order: training sees a reproducible order
+        groups = sorted(batch.groups, key=lambda g: g.prompt_index)
+        experiences = [self._experience(g, s, generate_kwargs) for g in groups for s in g.samples]
+        if os.environ.get(ROLLOUTS_ENV):
+            write_rollouts(os.environ[ROLLOUTS_ENV], self.step, experiences)
         return experiences, None, len(plan.admit), exhausted
 
     def finish_step(self, mean_reward: float) -> dict[str, float]:
@@ -202,11 +214,6 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     # ------------------------------------------------------------------ phases
 
-    def _prompt_at(self, position: int) -> tuple[str, str]:
-        dataset = self.prompts_dataloader.dataset
-        _, prompt, label, _ = dataset[prompt_index_at(self.args.train.seed, position, len(dataset))]
-        return prompt, label
-
     def _sampling_params(self, generate_kwargs) -> SamplingParams:
         return SamplingParams(
             temperature=generate_kwargs.get("temperature", 1.0),
@@ -230,31 +237,38 @@ class OppoSamplesGenerator(SamplesGenerator):
         per_engine: dict[int, list[SampleRequest]] = {}
         opens: dict[int, dict[int, list[int]]] = {}
 
-        def route(sid: int, prompt_ids: list[int], held: list[int] | None) -> None:
+        def route(sid: int, prompt_ids: list[int], held: list[int] | None, seed: int | None) -> None:
             if self.reward_actors:
                 opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
             if held is not None:  # None: finished already, nothing to decode
-                req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)))
+                req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)), seed)
                 per_engine.setdefault(sid % len(self.vllm_engines), []).append(req)
 
-        for group in plan.admit:
-            prompt, label = self._prompt_at(group.prompt_index)
+        for slot, group in enumerate(plan.admit):
+            prompt, label = self.prompt_stream.next()  # the prompt at position group.prompt_index
             ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
             ids = ids[-max(1, max_len - budget(len(ids))):]  # as OpenRLHF's executor truncates long prompts
             self.prompts[group.group_id] = (prompt, label, ids)
-            for sid in group.sample_ids:
-                route(sid, ids, [])
+            for j, sid in enumerate(group.sample_ids):
+                route(sid, ids, [], self._seed(slot, prompt, j))
         if self.needs_restart:
             # engines and reward actors hold nothing: reopen every held sample (`plan.restream`
             # re-sends its tokens) and restart the unfinished ones after the tokens they had
             self.needs_restart = False
-            for gid in plan.carried:
-                for sid in self.scheduler.group_sample_ids(gid):
+            for slot, gid in enumerate(plan.carried, start=len(plan.admit)):
+                for j, sid in enumerate(self.scheduler.group_sample_ids(gid)):
                     held = None if self.scheduler.is_finished(sid) else self.scheduler.held_tokens(sid)
-                    route(sid, self.prompts[gid][2], held)
+                    route(sid, self.prompts[gid][2], held, self._seed(slot, self.prompts[gid][0], j))
         for idx, prompts in opens.items():
             self.reward_actors[idx].open_many.remote(prompts)
         ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
+
+    def _seed(self, slot: int, prompt: str, sample_index: int) -> int | None:
+        """vLLM seed of a request started now (`--train.full_determinism_enable`), as
+        OpenRLHF's schedules seed theirs (integrations.seeding); None: engine RNG."""
+        if not self.args.train.full_determinism_enable:
+            return None
+        return request_seed(self.args.train.seed, self.step, slot, prompt, sample_index)
 
     def _stream_until_batch(self) -> tuple[TrainBatch, int]:
         generated = 0
@@ -359,4 +373,4 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step = state["step"]
         self.prompts = {int(gid): (p, l, ids) for gid, (p, l, ids) in state["prompts"].items()}
         self.scores = {}  # reward actors restart empty: every held sample is re-scored
-        self.needs_restart = True  # the prompt stream resumes at scheduler.next_prompt_index
+        self.needs_restart = True  # OpenRLHF restores the dataloader at scheduler.next_prompt_index

@@ -33,6 +33,7 @@ class SampleRequest:
     prompt_ids: list[int]
     held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
     max_tokens: int  # response budget, held tokens included
+    seed: int | None = None  # vLLM per-request seed (integrations.seeding); None: the engine's RNG
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class OppoRolloutActor(_BASE):
             params = deepcopy(sampling_params)
             params.output_kind = RequestOutputKind.DELTA
             params.max_tokens = req.max_tokens - len(req.held_ids)
+            params.seed = req.seed
             if params.max_tokens <= 0:
                 no_logprobs = array("d") if params.logprobs else None
                 self._push(SampleDelta(req.sample_id, array("i"), no_logprobs, self._policy_version, "length"))

@@ -68,8 +68,8 @@ class OppoPPOTrainerImpl(_BASE):
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         client_states = dict(client_states or {})
         client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
-        # the generator owns the prompt-stream position (it reads ahead for B+Δ groups)
-        client_states["data_loader_state_dict"] = {}
+        # the generator reads the dataloader ahead (B+Δ groups); between steps its
+        # position is the scheduler's next_prompt_index, as OpenRLHF's own state says
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     def restore_best_checkpoint_state(self, checkpoint_states) -> None:

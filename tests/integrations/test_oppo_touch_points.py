@@ -100,15 +100,44 @@ def test_incompatible_flags_name_both_flags():
     check_flags(["--rollout.batch_size", "4"], cfg)  # fine
 
 
-def test_prompt_stream_is_a_pure_function_of_position():
-    from openrlhf_oppo.integrations.oppo_generator import prompt_index_at
+def _prompt_loader(seed: int):
+    """A prompt dataloader built as OpenRLHF's `setup_dataloader` builds it on the driver."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
 
-    first_pass = [prompt_index_at(42, p, 8) for p in range(8)]
-    second_pass = [prompt_index_at(42, p, 8) for p in range(8, 16)]
-    assert sorted(first_pass) == sorted(second_pass) == list(range(8))  # each pass visits every prompt once
-    assert first_pass != second_pass  # reshuffled per pass
-    assert [prompt_index_at(42, p, 8) for p in range(16)] == first_pass + second_pass  # repeatable
-    assert [prompt_index_at(7, p, 8) for p in range(8)] != first_pass  # seeded by --train.seed
+    def collate(items):
+        return [None] * len(items), [p for p, _ in items], [lb for _, lb in items], [None] * len(items)
+
+    torch.manual_seed(seed)  # OpenRLHF's strategy.set_seed(train.seed)
+    data = [(f"prompt {i}", f"label {i}") for i in range(6)]
+    return StatefulDataLoader(data, batch_size=1, shuffle=True, drop_last=True, collate_fn=collate)
+
+
+def test_prompt_stream_draws_openrlhfs_prompt_order_and_resumes_from_the_dataloader_state():
+    from openrlhf_oppo.integrations.oppo_generator import PromptStream
+
+    stream = PromptStream(_prompt_loader(42))
+    drawn = [stream.next() for _ in range(12)]
+    # what OpenRLHF's SamplesGenerator draws, one pass per iterator
+    loader = _prompt_loader(42)
+    expected = []
+    for _ in range(2):
+        it = iter(loader)
+        while True:
+            prompts, labels, _, exhausted = samples_generator._collect_prompt_batch(it, 1)
+            if exhausted:
+                break
+            expected += list(zip(prompts, labels))
+    assert drawn == expected
+    assert sorted(drawn[:6]) == sorted(drawn[6:]) and drawn[:6] != drawn[6:]  # each pass reshuffles
+
+    # a checkpoint between steps holds the dataloader state; a fresh run loads it
+    first = PromptStream(_prompt_loader(42))
+    head = [first.next() for _ in range(4)]
+    resumed_loader = _prompt_loader(0)  # a different RNG: the state alone must restore the order
+    resumed_loader.load_state_dict(first.dataloader.state_dict())
+    resumed = PromptStream(resumed_loader)
+    assert head + [resumed.next() for _ in range(2)] == drawn[:6]
 
 
 def test_streaming_replaces_openrlhfs_reward_group_and_correction_maps_to_openrlhf_flags():
