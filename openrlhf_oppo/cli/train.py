@@ -45,6 +45,11 @@ def _task_flags(flags: dict, assets_dir: str | None) -> tuple[dict, Path | None]
 
 
 def main(argv: list[str]) -> int:
+    return run(argv).returncode
+
+
+def run(argv: list[str]):
+    """`main` returning the launcher's RunResult (exit code, wall time, run paths)."""
     args = _parser().parse_args(argv)
     from openrlhf_oppo.integrations import launcher, schedules, yaml_config
 
@@ -79,4 +84,4 @@ def main(argv: list[str]) -> int:
         f"output={paths.root}",
         flush=True,
     )
-    return result.returncode
+    return result

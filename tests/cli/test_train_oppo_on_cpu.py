@@ -112,7 +112,8 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
     assert compared >= 12
 
 
-SEEDED = ("--train.full_determinism_enable", "--data.max_samples", "8")  # 2 steps, per-request vLLM seeds
+# as the `sync_run` fixture's baseline: seeded requests and prompt order (integrations.seeding)
+SYNC_LIKE = ("--oppo.delta.enable", "false", "--oppo.streaming.enable", "false", "--train.full_determinism_enable")
 
 
 def _rollouts(run) -> list[dict]:
@@ -123,10 +124,10 @@ def test_delta_zero_and_no_streaming_runs_synchronous_ppo_in_openrlhf(train_runs
     """Δ=0 and streaming off: every step admits B groups and trains exactly those,
     nothing is carried, every token is on-policy, and rewards come from OpenRLHF's
     own reward forward (no streaming actor)."""
-    run = train_runs("oppo", "--oppo.delta.enable", "false", "--oppo.streaming.enable", "false", *SEEDED)
+    run = train_runs("oppo", *SYNC_LIKE)
     assert run.returncode == 0, f"see {run.root}"
     trace = _trace(run)
-    assert len(trace) == 2
+    assert len(trace) == 4
     next_index = 0
     for row in trace:
         indices = sorted(g["prompt_index"] for g in row["trained"])
@@ -142,30 +143,26 @@ def test_delta_zero_and_no_streaming_runs_synchronous_ppo_in_openrlhf(train_runs
         assert "oppo/scorer_idle_fraction" not in row
 
 
-def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs):
+def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs, sync_run):
     """With per-request seeds (--train.full_determinism_enable), OPPO at Δ=0 with
     streaming off trains the batches `--schedule sync` trains, token for token and in
     the same order, with the same rewards (OpenRLHF's reward forward in both) and the
-    same losses."""
-    oppo = train_runs("oppo", "--oppo.delta.enable", "false", "--oppo.streaming.enable", "false", *SEEDED)
-    sync = train_runs("sync", *SEEDED)
+    same losses, step after step (each batch drawn by the weights the last one trained)."""
+    oppo, sync = train_runs("oppo", *SYNC_LIKE), sync_run
     assert oppo.returncode == 0 and sync.returncode == 0, f"see {oppo.root} and {sync.root}"
     oppo_steps, sync_steps = _rollouts(oppo), _rollouts(sync)
-    assert [r["step"] for r in sync_steps] == [r["step"] for r in oppo_steps] == [0, 1]
-    first_oppo, first_sync = oppo_steps[0]["samples"], sync_steps[0]["samples"]
+    assert [r["step"] for r in sync_steps] == [r["step"] for r in oppo_steps] == [0, 1, 2, 3]
+    first_sync = sync_steps[0]["samples"]
     assert len(first_sync) == 8 and len({tuple(s["sequence"]) for s in first_sync}) > 1
-    assert [(s["prompt"], s["sequence"]) for s in first_oppo] == [(s["prompt"], s["sequence"]) for s in first_sync]
+    for a, b in zip(oppo_steps, sync_steps):
+        assert [(s["prompt"], s["sequence"]) for s in a["samples"]] == [(s["prompt"], s["sequence"]) for s in b["samples"]]
 
     oppo_tb, sync_tb = _tensorboard_scalars(oppo), _tensorboard_scalars(sync)
-    losses = [tag for tag in sync_tb if tag.endswith("_loss")] + ["train/reward"]
-    assert {"train/policy_loss", "train/critic_loss"} <= set(losses), sorted(sync_tb)
-    for tag in losses:
-        assert oppo_tb[tag][0] == pytest.approx(sync_tb[tag][0], rel=1e-5, abs=1e-7), tag
-    # the second batch is drawn by the weights the first one trained: equal again
-    second = [(s["prompt"], s["sequence"]) for s in oppo_steps[1]["samples"]]
-    assert second == [(s["prompt"], s["sequence"]) for s in sync_steps[1]["samples"]]
-    for tag in losses:
-        assert oppo_tb[tag][:2] == pytest.approx(sync_tb[tag][:2], rel=1e-5, abs=1e-7), tag
+    compared = [tag for tag in sync_tb if tag.endswith("_loss")] + ["train/reward"]
+    assert {"train/policy_loss", "train/critic_loss"} <= set(compared), sorted(sync_tb)
+    for tag in compared:
+        assert len(sync_tb[tag]) == 4
+        assert oppo_tb[tag] == pytest.approx(sync_tb[tag], rel=1e-5, abs=1e-7), tag
 
 
 def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(train_runs, tmp_path_factory):

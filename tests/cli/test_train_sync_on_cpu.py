@@ -36,13 +36,6 @@ def _teacher_forced(model_dir: Path, probe: dict):
     return chosen, logp.argmax(-1), top2[:, 0] - top2[:, 1]
 
 
-@pytest.fixture(scope="module")
-def sync_run(train_runs):
-    run = train_runs("sync")
-    assert run.returncode == 0, f"train --schedule sync failed; see {run.root}"
-    return run
-
-
 def test_sync_train_completes_every_step_with_a_weight_sync(sync_run):
     assert [p["sync"] for p in sync_run.probes()] == list(range(1, SYNC_STEPS + 1))
     assert any((sync_run.root / "tensorboard").rglob("events.out.tfevents.*"))

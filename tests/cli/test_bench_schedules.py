@@ -1,0 +1,39 @@
+"""`openrlhf-oppo bench schedules` reads real runs: the session's sync and OPPO runs
+(shared with the other *_on_cpu tests, so no extra training run here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrlhf_oppo.cli import bench_schedules
+
+
+def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
+    oppo_run = train_runs("oppo")
+    assert oppo_run.returncode == 0, f"see {oppo_run.root}"
+    sync, oppo = bench_schedules.summarize_run(sync_run.root), bench_schedules.summarize_run(oppo_run.root)
+    assert sync["steps"] == 4 and len(sync["step_s"]) == 3 and all(s > 0 for s in sync["step_s"])
+    assert sync["reward"] is not None and "oppo/overlap_fraction" not in sync  # OpenRLHF's own mode
+    assert oppo["steps"] >= 3 and all(s > 0 for s in oppo["step_s"])
+    assert 0.0 <= oppo["oppo/overlap_fraction"] <= 1.0 and 0.0 <= oppo["oppo/scorer_idle_fraction"] <= 1.0
+
+    rows = bench_schedules.report({
+        "sync": [{"returncode": 0, "wall_s": 60.0, **sync}],
+        "oppo": [{"returncode": 0, "wall_s": 70.0, **oppo}, {"returncode": 1, "wall_s": 5.0, "steps": 0,
+                                                             "step_s": [], "reward": None}],
+    })
+    assert [r["schedule"] for r in rows] == ["sync", "oppo"] and rows[1]["runs_ok"] == "1/2"
+    assert rows[0]["speedup"] == 1.0
+    assert rows[1]["speedup"] == pytest.approx(rows[0]["step_s"] / rows[1]["step_s"])
+    assert rows[1]["wall_s"] == 70.0  # a failed run's figures are left out
+    bench_schedules.print_report(rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--schedules", "sync", "fast"], "--schedules: unknown fast; allowed: sync"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+])
+def test_bad_arguments_exit_2_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_schedules.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
