@@ -17,7 +17,8 @@ def test_tiny_cpu_config_translates_to_openrlhf_flags():
     assert argv[argv.index("--ds.zero_stage") + 1] == "3"
     assert "--vllm.enforce_eager" in argv
     assert argv[argv.index("--ds.attn_implementation") + 1] == "sdpa"
-    assert config.oppo["chunk"] == {"size_tokens": 8} and "assets" in config.task
+    assert config.oppo["chunk"] == {"size_tokens": 8, "adaptive": True, "candidates": [4, 8, 16], "trial_steps": 1,
+                                    "period_steps": 4} and "assets" in config.task
 
 
 def test_nested_keys_become_dotted_flags_and_switches_follow_booleans(tmp_path):
