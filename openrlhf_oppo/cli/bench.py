@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
             return 2
         print("usage: openrlhf-oppo bench <target> [options]\n\ntargets:")
         for name, (_, help_) in TARGETS.items():
-            print(f"  {name:<8} {help_}")
+            print(f"  {name:<10} {help_}")
         return 0
     module = importlib.import_module(TARGETS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)
