@@ -26,12 +26,9 @@ def _metrics(run) -> list[dict]:
 
 
 def _tensorboard_scalars(run) -> dict[str, list[float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from openrlhf_oppo.cli.bench_schedules import tensorboard_scalars
 
-    (events,) = list((run.root / "tensorboard").rglob("events.out.tfevents.*"))
-    acc = EventAccumulator(str(events.parent))
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {tag: [v for _, _, v in events] for tag, events in tensorboard_scalars(run.root / "tensorboard").items()}
 
 
 @pytest.fixture(scope="module")
