@@ -111,6 +111,12 @@ class StalenessConfig:
         "correction: 'none', 'tis' (token-level clip) or 'icepop' (token-level mask).",
         choices=("none", "tis", "icepop"),
     )
+    keep_kv_cache: bool = _f(
+        True,
+        "Carried requests keep their vLLM KV cache across a weight sync (pause with clear_cache=False): "
+        "no re-prefill, but their later tokens attend to keys/values of the older policy (PPO "
+        "recomputes old logprobs on the full sequence either way). False: vLLM re-prefills them.",
+    )
 
     def __post_init__(self) -> None:
         self.validate()

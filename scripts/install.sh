@@ -13,14 +13,14 @@ case "$STACK" in cpu|gpu) ;; *) echo "OPPO_STACK must be 'cpu' or 'gpu', got '$S
 if [ "$STACK" = cpu ]; then
   # torch first and pinned: anything else lets pip choose a CUDA build.
   $PIP torch==2.13.0
-  DS_BUILD_OPS=0 $PIP -c constraints-cpu.txt -e ".[cpu,test]"
+  DS_BUILD_OPS=0 $PIP -c constraints-cpu.txt -e ".[cpu,test,bench]"
   # OpenRLHF pins flash-attn (CUDA-only source build): take the wheel without deps;
   # every other requirement is in the [openrlhf] extra with OpenRLHF's pins.
   $PIP -c constraints-cpu.txt --no-deps openrlhf==0.11.2
   # PyPI's torchvision/torchaudio/torchcodec link CUDA and break transformers' imports.
   ${PYTHON:-python} -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 else
-  $PIP -e ".[gpu,test]"
+  $PIP -e ".[gpu,test,bench]"
 fi
 # The openrlhf wheel ships a top-level `tests` package into site-packages.
 ${PYTHON:-python} - <<'PY'

@@ -6,9 +6,9 @@ import importlib
 import sys
 
 TARGETS = {
-    "core": ("openrlhf_oppo.core.bench", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
-    "scorer": ("openrlhf_oppo.models.bench", "streamed vs one-shot scoring time per chunk size"),
-    "schedules": ("openrlhf_oppo.cli.bench_schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
+    "core": ("openrlhf_oppo.bench.core", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
+    "scorer": ("openrlhf_oppo.bench.scorer", "streamed vs one-shot scoring time per chunk size"),
+    "schedules": ("openrlhf_oppo.bench.schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
 }
 
 

@@ -1,7 +1,8 @@
 """`openrlhf-oppo` console script: one entry point, subcommands in their own modules.
 
     openrlhf-oppo train --schedule sync|async|partial|oversample|oppo|... --config configs/tiny-cpu.yaml
-    openrlhf-oppo bench core|scorer
+    openrlhf-oppo bench core|scorer|schedules
+    openrlhf-oppo plot timeline|compare|lengths RUN_DIR...
     openrlhf-oppo prepare      # build the tiny task's model/tokenizer assets
     openrlhf-oppo config       # resolve and print the OPPO settings
 
@@ -17,6 +18,7 @@ import sys
 SUBCOMMANDS = {
     "train": ("openrlhf_oppo.cli.train", "run OpenRLHF PPO (baselines) or OPPO on a YAML config"),
     "bench": ("openrlhf_oppo.cli.bench", "micro-benchmarks: `core` (scheduler), `scorer` (streaming prefill)"),
+    "plot": ("openrlhf_oppo.bench.plot", "pictures of a run: `timeline` (Gantt), `compare` (two runs), `lengths`"),
     "config": ("openrlhf_oppo.cli.config", "resolve, validate and print the OPPO settings (YAML + --oppo.* flags)"),
     "prepare": ("openrlhf_oppo.cli.prepare", "build the tiny task's tokenizer, models and prompts locally"),
 }

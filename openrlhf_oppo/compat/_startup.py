@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 
 from openrlhf_oppo.compat.hooks import install_hooks
@@ -24,7 +25,12 @@ def request_amx_permission() -> bool:
 
 
 def run() -> None:
-    request_amx_permission()
-    # The patches gate themselves on torch.cuda.is_available() when they fire
-    # (torch is imported by then); here we only register them.
-    install_hooks(PATCHES)
+    if os.environ.get("OPPO_COMPAT") == "1":
+        request_amx_permission()
+        # The patches gate themselves on torch.cuda.is_available() when they fire
+        # (torch is imported by then); here we only register them.
+        install_hooks(PATCHES)
+    if os.environ.get("OPPO_TIMELINE_DIR"):
+        from openrlhf_oppo.integrations.timeline_hooks import PATCHES as TIMELINE_PATCHES
+
+        install_hooks(TIMELINE_PATCHES)

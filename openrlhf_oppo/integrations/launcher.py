@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrlhf_oppo import compat
+from openrlhf_oppo import compat, timeline
 from openrlhf_oppo.compat import weight_sync
 from openrlhf_oppo.integrations import seeding
 from openrlhf_oppo.integrations.openrlhf_flags import TRAIN_MODULE
@@ -63,6 +64,10 @@ class RunPaths:
         return self.root / "oppo_trace.jsonl"  # admitted / trained / carried per step (OPPO schedules)
 
     @property
+    def timeline(self) -> Path:
+        return self.root / "timeline"  # spans of every stage on every worker (openrlhf_oppo.timeline)
+
+    @property
     def rollouts(self) -> Path:
         return self.root / "rollouts.jsonl"  # each step's trained samples (every schedule)
 
@@ -93,6 +98,10 @@ def probe_prompt_ids(tokenizer_json: Path) -> list[int]:
 def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(compat.launch_env(env))
+    # the site hook records OpenRLHF's stages on the timeline, on any hardware
+    pythonpath = [str(compat.SITE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
+    env[timeline.TIMELINE_ENV] = str(paths.timeline)
     env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
     env["OPPO_TRACE_JSONL"] = str(paths.oppo_trace)
     env[seeding.ROLLOUTS_ENV] = str(paths.rollouts)
@@ -121,6 +130,7 @@ def launch(
     paths.oppo_metrics.unlink(missing_ok=True)
     paths.oppo_trace.unlink(missing_ok=True)
     paths.rollouts.unlink(missing_ok=True)
+    shutil.rmtree(paths.timeline, ignore_errors=True)
     flags = run_flags(paths, flags)
     if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
         flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY

@@ -12,7 +12,8 @@ decision:
     batch     take_batch: the first B complete groups -> OpenRLHF Experiences with
               the streamed rewards (so OpenRLHF skips its own reward forward)
     carry     end_step: unfinished groups keep decoding through training; the
-              trainer's weight sync pauses them (`pause_generation(mode="keep")`)
+              trainer's weight sync pauses them (`pause_generation(mode="keep")`, KV cache
+              kept unless --oppo.staleness.keep_kv_cache false)
               and bumps the policy version their next tokens are stamped with
 
 Rollout logprobs and per-token policy versions are recorded; OpenRLHF recomputes
@@ -33,14 +34,18 @@ from tqdm import tqdm
 from vllm import SamplingParams
 
 from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo import timeline
 from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch
 from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
 from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
 from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
+from openrlhf_oppo.integrations.timeline_hooks import STEP_WINDOW
 
 CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
 TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
 REWARD = "reward"
+POLL_S = 1.0  # an engine answers `next_outputs` when it has a chunk or a finished sample, or after this long
+NO_CHUNKS = 1 << 30  # wake threshold when nothing is streamed: only finished samples wake the driver
 
 
 def config_from_env() -> oppo_config.OppoConfig:
@@ -82,6 +87,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         # Streaming on: OPPO's reward actors prefill chunks and supply the rewards.
         # Streaming off (oppo-inter): OpenRLHF's own reward forward scores the batch.
         self.streaming = self.oppo.streaming.enable and self.oppo.streaming.reward
+        self.record_logprobs = args.algo.advantage.is_correction_level != "off"  # recorded only when used
         if self.streaming and not args.reward.model_name_or_path:
             raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path")
         self.scheduler = OverlapScheduler(
@@ -108,13 +114,16 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
         self.scores: dict[int, float] = {}  # sample id -> streamed reward
         self.pending: list[tuple[Any, int, list[ChunkReady]]] = []  # reward calls in flight: (ref, actor, chunks)
+        self.polls: dict[int, Any] = {}  # engine index -> its `next_outputs` call in flight (outlives a step)
+        self.engine_of: dict[int, int] = {}  # group id -> engine decoding its samples (a group stays on one)
+        self.scorer_busy: list[tuple[float, float]] = []  # acknowledged reward calls' (start, end), this step
         self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
         self.step_started_s = 0.0
         self.step_gen_s = 0.0  # generation+scoring phase of the open step
         self.step_generated_tokens = 0
         self.step_overlap_tokens = [0, 0]  # response tokens prefilled before / at the end of their sample
-        self.step_scorer_busy0_s = 0.0
         self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
+        self.paused = False  # engines paused for the weight sync under way
         self.trace_path = os.environ.get(TRACE_ENV)
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True)
 
@@ -126,6 +135,11 @@ class OppoSamplesGenerator(SamplesGenerator):
         once OpenRLHF has the batch's rewards."""
         if self.open_batch is not None:
             raise RuntimeError("generate_samples called before finish_step closed the previous step")
+        STEP_WINDOW.open()
+        with timeline.RECORDER.timed("driver", "generate"):
+            return self._generate_step(generate_kwargs)
+
+    def _generate_step(self, generate_kwargs):
         self.step_started_s = time.time()
         plan = self.scheduler.begin_step(self.step)
         self.step_overlap_tokens = [0, 0]
@@ -136,8 +150,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         end = self.scheduler.next_prompt_index
         exhausted = bool(plan.admit) and end // per_pass > plan.admit[0].prompt_index // per_pass
         self._dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
-        self.step_scorer_busy0_s = self._scorer_busy_s()
-        batch, self.step_generated_tokens = self._stream_until_batch()
+        batch, self.step_generated_tokens = self._stream_until_batch(plan.chunk_size_tokens if self.streaming else NO_CHUNKS)
         self.step_gen_s = time.time() - self.step_started_s
         self.open_batch = batch
         # groups in stream order, not completion order: training sees a reproducible order
@@ -159,11 +172,15 @@ class OppoSamplesGenerator(SamplesGenerator):
             "oppo/overlap_fraction": before / max(before + at_end, 1),
         }
         if self.reward_actors:
-            busy = self._scorer_busy_s() - self.step_scorer_busy0_s
+            # reward calls acknowledged by now; busy time summed over actors, clipped to the phase
+            end = self.step_started_s + self.step_gen_s
+            busy = sum(max(0.0, min(b, end) - max(a, self.step_started_s)) for a, b in self.scorer_busy)
             metrics["oppo/scorer_idle_fraction"] = 1.0 - min(1.0, busy / max(self.step_gen_s * len(self.reward_actors), 1e-9))
+            self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
         self._write_trace(batch, report)
         for g in batch.groups:  # trained: nothing of it is needed again
             del self.prompts[g.group_id]
+            self.engine_of.pop(g.group_id, None)
             for s in g.samples:
                 self.scores.pop(s.sample_id, None)
         self.step += 1
@@ -222,7 +239,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             max_tokens=generate_kwargs.get("max_new_tokens"),
             min_tokens=generate_kwargs.get("min_new_tokens", 1),
             skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
-            logprobs=1,  # rollout logprobs are recorded per token (staleness correction, metrics)
+            # rollout logprobs only where a correction uses them (as OpenRLHF requests them)
+            logprobs=1 if self.record_logprobs else None,
         )
 
     def _admit(self, plan, generate_kwargs) -> None:
@@ -237,28 +255,37 @@ class OppoSamplesGenerator(SamplesGenerator):
         per_engine: dict[int, list[SampleRequest]] = {}
         opens: dict[int, dict[int, list[int]]] = {}
 
-        def route(sid: int, prompt_ids: list[int], held: list[int] | None, seed: int | None) -> None:
+        def route(gid: int, sid: int, prompt_ids: list[int], held: list[int] | None, seed: int | None) -> None:
             if self.reward_actors:
                 opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
             if held is not None:  # None: finished already, nothing to decode
                 req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)), seed)
-                per_engine.setdefault(sid % len(self.vllm_engines), []).append(req)
+                per_engine.setdefault(self.engine_of[gid], []).append(req)
+
+        def place(gid: int) -> None:
+            # a whole group on the engine decoding the fewest groups (as OpenRLHF places a prompt's n samples)
+            load = [0] * len(self.vllm_engines)
+            for idx in self.engine_of.values():
+                load[idx] += 1
+            self.engine_of[gid] = min(range(len(load)), key=load.__getitem__)
 
         for slot, group in enumerate(plan.admit):
             prompt, label = self.prompt_stream.next()  # the prompt at position group.prompt_index
             ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
             ids = ids[-max(1, max_len - budget(len(ids))):]  # as OpenRLHF's executor truncates long prompts
             self.prompts[group.group_id] = (prompt, label, ids)
+            place(group.group_id)
             for j, sid in enumerate(group.sample_ids):
-                route(sid, ids, [], self._seed(slot, prompt, j))
+                route(group.group_id, sid, ids, [], self._seed(slot, prompt, j))
         if self.needs_restart:
             # engines and reward actors hold nothing: reopen every held sample (`plan.restream`
             # re-sends its tokens) and restart the unfinished ones after the tokens they had
             self.needs_restart = False
             for slot, gid in enumerate(plan.carried, start=len(plan.admit)):
+                place(gid)
                 for j, sid in enumerate(self.scheduler.group_sample_ids(gid)):
                     held = None if self.scheduler.is_finished(sid) else self.scheduler.held_tokens(sid)
-                    route(sid, self.prompts[gid][2], held, self._seed(slot, self.prompts[gid][0], j))
+                    route(gid, sid, self.prompts[gid][2], held, self._seed(slot, self.prompts[gid][0], j))
         for idx, prompts in opens.items():
             self.reward_actors[idx].open_many.remote(prompts)
         ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
@@ -270,13 +297,22 @@ class OppoSamplesGenerator(SamplesGenerator):
             return None
         return request_seed(self.args.train.seed, self.step, slot, prompt, sample_index)
 
-    def _stream_until_batch(self) -> tuple[TrainBatch, int]:
+    def _stream_until_batch(self, wake_tokens: int) -> tuple[TrainBatch, int]:
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
+            for idx, engine in enumerate(self.vllm_engines):
+                if idx not in self.polls:
+                    self.polls[idx] = engine.next_outputs.remote(POLL_S, wake_tokens)
+            # sleep until an engine has output or a reward call is done, whichever is first
+            ray.wait([*self.polls.values(), *(ref for ref, _, _ in self.pending)], num_returns=1)
+            done = set(ray.wait(list(self.polls.values()), num_returns=len(self.polls), timeout=0)[0])
             chunks: list[ChunkReady] = []
-            for deltas in ray.get([e.next_outputs.remote(0.02) for e in self.vllm_engines]):
-                for d in deltas:
+            for idx, ref in list(self.polls.items()):
+                if ref not in done:
+                    continue
+                del self.polls[idx]
+                for d in ray.get(ref):
                     generated += len(d.token_ids)
                     chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
                     if d.finish_reason is not None:
@@ -316,7 +352,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         still = []
         for ref, idx, sent in self.pending:
             if ref in ready and idx not in blocked:
-                self.scores.update(ray.get(ref))
+                scores, busy = ray.get(ref)
+                self.scores.update(scores)
+                self.scorer_busy.append(busy)
                 self.scheduler.on_scored_many(REWARD, sent)
             else:
                 blocked.add(idx)
@@ -334,7 +372,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             "mm_train_inputs": None,
             "observation_tokens": prompt_ids + tokens,
             "action_ranges": [(len(prompt_ids), len(prompt_ids) + len(tokens))],
-            "rollout_log_probs": [0.0] * len(prompt_ids) + sample.rollout_logprobs,
+            "rollout_log_probs": [0.0] * len(prompt_ids) + sample.rollout_logprobs if self.record_logprobs else None,
             "truncated": sample.finish_reason == "length",
             "reward": reward,
             "scores": reward,
@@ -342,22 +380,25 @@ class OppoSamplesGenerator(SamplesGenerator):
         }
         return self._process_response_into_experience(response, **generate_kwargs)
 
-    def _scorer_busy_s(self) -> float:
-        if not self.reward_actors:
-            return 0.0
-        return sum(s["busy_s"] for s in ray.get([a.stats.remote() for a in self.reward_actors]))
-
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        ray.get([e.pause_generation.remote() for e in self.vllm_engines])
+        # nothing decodes when every admitted group is in the batch (Δ = 0, no carry): no pause
+        trained = {g.group_id for g in self.open_batch.groups} if self.open_batch is not None else set()
+        self.paused = any(gid not in trained for gid in self.scheduler.in_flight_groups)
+        if self.paused:
+            with timeline.RECORDER.timed("driver", "pause"):
+                ray.get([e.pause_generation.remote(self.oppo.staleness.keep_kv_cache) for e in self.vllm_engines])
 
     def resume_after_weight_sync(self) -> None:
         # The engines now hold the weights trained on the open step's batch (or, on a
         # resume, the checkpoint's): tokens from here on are that policy version.
         version = self.step + (1 if self.open_batch is not None else 0)
         ray.get([e.set_policy_version.remote(version) for e in self.vllm_engines])
-        ray.get([e.resume_generation.remote() for e in self.vllm_engines])
+        if self.paused:
+            with timeline.RECORDER.timed("driver", "resume"):
+                ray.get([e.resume_generation.remote() for e in self.vllm_engines])
+            self.paused = False
 
     # ---------------------------------------------------------------- checkpoint
 

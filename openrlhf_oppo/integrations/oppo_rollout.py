@@ -15,12 +15,15 @@ scheduler core on the generator's side.
 from __future__ import annotations
 
 import asyncio
+import time
 from array import array
 from copy import deepcopy
 from dataclasses import dataclass
 
 import ray
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
+
+from openrlhf_oppo import timeline
 
 _BASE = _vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__mro__[1]  # the class under @ray.remote
 
@@ -54,8 +57,16 @@ class OppoRolloutActor(_BASE):
         await super().__init__(*args, **kwargs)
         self._outbox: list[SampleDelta] = []
         self._outbox_ready = asyncio.Event()
+        self._unsent: dict[int, int] = {}  # sample id -> tokens in the outbox since the last drain
+        self._wake_tokens = 1  # set by next_outputs: a sample with this many unsent tokens wakes the caller
         self._tasks: dict[int, asyncio.Task] = {}
         self._policy_version = 0
+
+    async def pause_generation(self, keep_kv_cache: bool = False) -> None:
+        """OpenRLHF's pause (mode "keep": requests stay queued), optionally keeping their
+        KV cache: vLLM 0.29 otherwise clears it and re-prefills every carried request."""
+        with timeline.RECORDER.timed("rollout", "pause"):
+            await self.llm.pause_generation(mode="keep", clear_cache=not keep_kv_cache)
 
     def set_policy_version(self, version: int) -> None:
         """Called while generation is paused for a weight sync: later tokens carry `version`."""
@@ -83,12 +94,14 @@ class OppoRolloutActor(_BASE):
 
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids) + list(req.held_ids))
         finish_reason = "abort"
+        t0, decoded = time.time(), 0
         try:
             async for out in self.llm.generate(prompt, params, request_id=f"oppo-{req.sample_id}-{random_uuid()}"):
                 comp = out.outputs[0]
                 logprobs = None
                 if params.logprobs is not None and comp.logprobs is not None:
                     logprobs = array("d", [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)])
+                decoded += len(comp.token_ids)
                 reason = comp.finish_reason if out.finished else None
                 if reason is not None:
                     finish_reason = "length" if reason == "length" else "abort" if reason == "abort" else "stop"
@@ -111,19 +124,29 @@ class OppoRolloutActor(_BASE):
             raise RuntimeError(f"OPPO rollout: sample {req.sample_id} failed: {exc!r}") from exc
         finally:
             self._tasks.pop(req.sample_id, None)
+            timeline.RECORDER.sample("rollout", t0, time.time(), decoded, finish_reason,
+                                     sample=req.sample_id, held=len(req.held_ids))
 
     def _push(self, delta: SampleDelta) -> None:
         self._outbox.append(delta)
-        self._outbox_ready.set()
+        unsent = self._unsent[delta.sample_id] = self._unsent.get(delta.sample_id, 0) + len(delta.token_ids)
+        if delta.finish_reason is not None or unsent >= self._wake_tokens:
+            self._outbox_ready.set()
 
-    async def next_outputs(self, timeout_s: float = 0.05) -> list[SampleDelta]:
-        """Drain the outbox, waiting up to `timeout_s` for the first delta."""
-        if not self._outbox:
-            try:
-                await asyncio.wait_for(self._outbox_ready.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
+    async def next_outputs(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
+        """Drain the outbox once something in it is worth a round trip: a sample finished
+        or has `wake_tokens` unsent tokens (the chunk size when streaming; a large value
+        when only finished samples matter), or `timeout_s` passed. Waking per token
+        would cost a driver round trip and a pickle per token."""
+        self._wake_tokens = wake_tokens
+        if not self._outbox_ready.is_set() and any(n >= wake_tokens for n in self._unsent.values()):
+            self._outbox_ready.set()
+        try:
+            await asyncio.wait_for(self._outbox_ready.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
         out, self._outbox = self._outbox, []
+        self._unsent.clear()
         self._outbox_ready.clear()
         return out
 

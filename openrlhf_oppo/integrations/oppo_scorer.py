@@ -15,6 +15,8 @@ import time
 
 import ray
 
+from openrlhf_oppo import timeline
+
 
 class StreamingRewardActor:
     """One reward-model replica that prefills chunks and scores finished sequences."""
@@ -40,16 +42,25 @@ class StreamingRewardActor:
         for seq_id, prompt_ids in prompts.items():
             self.scorer.open(seq_id, prompt_ids)
 
-    def process(self, extends: dict[int, list[int]], finishes: dict[int, list[int]]) -> dict[int, float]:
-        """Prefill `extends`, then prefill the last chunks in `finishes` and return their rewards."""
-        t0 = time.perf_counter()
+    def process(
+        self, extends: dict[int, list[int]], finishes: dict[int, list[int]]
+    ) -> tuple[dict[int, float], tuple[float, float]]:
+        """Prefill `extends`, then prefill the last chunks in `finishes`; returns their
+        rewards and when this call worked (start, end `time.time()` s)."""
+        t0 = time.time()
         if extends:
             self.scorer.extend_many(extends)
+        t1 = time.time()
         scores = self.scorer.finish_many(finishes) if finishes else {}
         for seq_id in scores:
             self.scorer.drop(seq_id)
-        self.busy_s += time.perf_counter() - t0
-        return scores
+        t2 = time.time()
+        if extends:
+            timeline.RECORDER.span("reward", "prefill", t0, t1, tokens=sum(map(len, extends.values())))
+        if finishes:
+            timeline.RECORDER.span("reward", "score", t1, t2, tokens=sum(map(len, finishes.values())))
+        self.busy_s += t2 - t0
+        return scores, (t0, t2)
 
     def stats(self) -> dict[str, float]:
         s = self.scorer.stats()

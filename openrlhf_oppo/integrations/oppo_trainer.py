@@ -67,7 +67,8 @@ class OppoPPOTrainerImpl(_BASE):
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         client_states = dict(client_states or {})
-        client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
+        if global_step % self.args.ckpt.save_steps == 0:  # OpenRLHF's own save condition (inf: never)
+            client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
         # the generator reads the dataloader ahead (B+Δ groups); between steps its
         # position is the scheduler's next_prompt_index, as OpenRLHF's own state says
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)

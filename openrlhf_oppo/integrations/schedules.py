@@ -7,6 +7,10 @@
                 the extra prompts are generated to completion and queued
     oppo        OPPO: chunks streamed into the reward model while the actor decodes
                 (intra-step) and B+Δ groups admitted, first B trained, rest carried (inter-step)
+    oppo-off    OPPO with Δ = 0 and streaming off: synchronous PPO through OPPO's machinery
+                (what it costs when there is nothing to overlap)
+    oppo-fixed  OPPO with Δ fixed at delta.init (first B of B+Δ with a constant pool, as
+                other frameworks ship it): the adaptive Δ's baseline
     oppo-intra  OPPO with Δ = 0: streaming only
     oppo-inter  OPPO with streaming off: carry-over only (each response scored once, at its end)
 
@@ -58,6 +62,10 @@ SCHEDULES: dict[str, Schedule] = {
             {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
         ),
         Schedule("oppo", "OPPO intra- and inter-step overlap", entry_module=OPPO_ENTRY, oppo={}),
+        Schedule("oppo-off", "OPPO with Δ = 0 and streaming off: its machinery, nothing to overlap",
+                 entry_module=OPPO_ENTRY, oppo={"delta": {"enable": False}, "streaming": {"enable": False}}),
+        Schedule("oppo-fixed", "OPPO with a fixed Δ = delta.init (first B of B+Δ, as a saturated pool)",
+                 entry_module=OPPO_ENTRY, oppo={"delta": {"adaptive": False}}),
         Schedule("oppo-intra", "OPPO intra-step streaming only (Δ = 0)", entry_module=OPPO_ENTRY,
                  oppo={"delta": {"enable": False}}),
         Schedule("oppo-inter", "OPPO inter-step carry-over only (no streaming)", entry_module=OPPO_ENTRY,

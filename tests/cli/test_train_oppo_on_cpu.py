@@ -26,7 +26,7 @@ def _metrics(run) -> list[dict]:
 
 
 def _tensorboard_scalars(run) -> dict[str, list[float]]:
-    from openrlhf_oppo.cli.bench_schedules import tensorboard_scalars
+    from openrlhf_oppo.bench.schedules import tensorboard_scalars
 
     return {tag: [v for _, _, v in events] for tag, events in tensorboard_scalars(run.root / "tensorboard").items()}
 

@@ -38,7 +38,7 @@ def test_core_imports_without_heavy_dependencies():
         "import sys\n"
         "for m in ('torch', 'ray', 'vllm', 'deepspeed', 'transformers'):\n"
         "    sys.modules[m] = None\n"
-        "import openrlhf_oppo.core, openrlhf_oppo.sim.synthetic, openrlhf_oppo.core.bench\n"
+        "import openrlhf_oppo.core, openrlhf_oppo.sim.synthetic, openrlhf_oppo.bench.core\n"
         "print('ok')\n"
     )
     import subprocess

@@ -1,10 +1,14 @@
-"""Loaded by every Python process started under an OpenRLHF CPU run (the launcher
-puts this directory first on PYTHONPATH and sets OPPO_COMPAT=1). Cheap: it does
-not import torch; the patches run only when their target modules are imported."""
+"""Loaded by every Python process started under a run of `openrlhf-oppo train` (the
+launcher puts this directory first on PYTHONPATH). Cheap: it does not import torch;
+the patches run only when their target modules are imported.
+
+    OPPO_COMPAT=1          the CPU compat layer (openrlhf_oppo.compat), where CUDA is absent
+    OPPO_TIMELINE_DIR=...  timeline spans of OpenRLHF's stages (integrations.timeline_hooks)
+"""
 
 import os
 
-if os.environ.get("OPPO_COMPAT") == "1":
+if os.environ.get("OPPO_COMPAT") == "1" or os.environ.get("OPPO_TIMELINE_DIR"):
     try:
         from openrlhf_oppo.compat import _startup
 

@@ -14,8 +14,8 @@ prefill overhead streaming adds (smaller forwards, padding, cache copies); in
 OPPO that work overlaps with decoding, so only the last chunk is on the
 critical path. Also checks streamed results equal one-shot ones.
 
-    python -m openrlhf_oppo.models.bench            # or: openrlhf-oppo bench scorer
-    python -m openrlhf_oppo.models.bench --hidden 256 --layers 2 --num-seqs 16
+    python -m openrlhf_oppo.bench.scorer            # or: openrlhf-oppo bench scorer
+    python -m openrlhf_oppo.bench.scorer --hidden 256 --layers 2 --num-seqs 16
 """
 
 from __future__ import annotations

@@ -5,33 +5,40 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.cli import bench_schedules
+from openrlhf_oppo.bench import schedules as bench_schedules
 
 
 def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
     oppo_run = train_runs("oppo")
     assert oppo_run.returncode == 0, f"see {oppo_run.root}"
-    sync, oppo = bench_schedules.summarize_run(sync_run.root), bench_schedules.summarize_run(oppo_run.root)
+    sync = bench_schedules.summarize_run(sync_run.root, warmup_steps=1)
+    oppo = bench_schedules.summarize_run(oppo_run.root, warmup_steps=1)
     assert sync["steps"] == 4 and len(sync["step_s"]) == 3 and all(s > 0 for s in sync["step_s"])
     assert sync["reward"] is not None and "oppo/overlap_fraction" not in sync  # OpenRLHF's own mode
+    assert sync["tokens_per_s"] > 0 and "oracle_s" not in sync
     assert oppo["steps"] >= 3 and all(s > 0 for s in oppo["step_s"])
     assert 0.0 <= oppo["oppo/overlap_fraction"] <= 1.0 and 0.0 <= oppo["oppo/scorer_idle_fraction"] <= 1.0
+    # the bound leaves out what OPPO's own steps also spend (experience making, weight sync)
+    assert 0 < oppo["oracle_s"] < oppo["median_step_s"]
 
+    failed = {"returncode": 1, "wall_s": 5.0, "steps": 0, "step_s": []}
     rows = bench_schedules.report({
-        "sync": [{"returncode": 0, "wall_s": 60.0, **sync}],
-        "oppo": [{"returncode": 0, "wall_s": 70.0, **oppo}, {"returncode": 1, "wall_s": 5.0, "steps": 0,
-                                                             "step_s": [], "reward": None}],
+        "sync": [{"returncode": 0, "wall_s": 60.0, **sync}, {"returncode": 0, "wall_s": 62.0, **sync}],
+        "oppo": [{"returncode": 0, "wall_s": 70.0, **oppo}, failed],
     })
-    assert [r["schedule"] for r in rows] == ["sync", "oppo"] and rows[1]["runs_ok"] == "1/2"
-    assert rows[0]["speedup"] == 1.0
-    assert rows[1]["speedup"] == pytest.approx(rows[0]["step_s"] / rows[1]["step_s"])
-    assert rows[1]["wall_s"] == 70.0  # a failed run's figures are left out
+    assert [r["schedule"] for r in rows] == ["sync", "oppo", "oracle"] and rows[1]["runs_ok"] == "1/2"
+    assert rows[0]["x_first"] == (1.0, 1.0, 1.0) and rows[0]["best"] == "sync"
+    assert rows[1]["x_first"][0] == pytest.approx(sync["median_step_s"] / oppo["median_step_s"])
+    assert rows[0]["wall_s"] == (61.0, 60.0, 62.0)  # median [min, max] over repeats
+    assert rows[1]["wall_s"] == (70.0, 70.0, 70.0)  # a failed run's figures are left out
+    assert rows[2]["step_s"][0] == pytest.approx(oppo["oracle_s"])
     bench_schedules.print_report(rows)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--schedules", "sync", "fast"], "--schedules: unknown fast; allowed: sync"),
     (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--warmup-steps", "0"], "--warmup-steps must be >= 1, got 0"),
 ])
 def test_bad_arguments_exit_2_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
