@@ -30,7 +30,7 @@ from openrlhf_oppo.integrations.schedules import SCHEDULES
 STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
 DEFAULT_SCHEDULES = ("sync", "async", "partial", "oversample", "oppo-intra", "oppo-inter", "oppo-fixed", "oppo")
 OPPO_KEYS = ("oppo/overlap_fraction", "oppo/scorer_idle_fraction", "oppo/deferred_fraction")
-FIGURES = ("step_s", "tokens_per_s", "wall_s", "reward", *OPPO_KEYS, "oracle_s")
+FIGURES = ("step_s", "mean_step_s", "tokens_per_s", "wall_s", "reward", *OPPO_KEYS, "oracle_s")
 
 
 def tensorboard_scalars(tb_dir: Path) -> dict[str, list[tuple[float, int, float]]]:
@@ -85,6 +85,7 @@ def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
         "steps": len(scalars.get(STEP_TAG, [])),
         "step_s": step_s,
         "median_step_s": statistics.median(step_s) if step_s else None,
+        "mean_step_s": statistics.fmean(step_s) if step_s else None,  # = time per step: what time-to-reward sees
         "tokens_per_s": tokens / (walls[-1] - walls[0]) if len(walls) > 1 and rows else None,
         "reward": statistics.fmean(v for _, _, v in scalars["train/reward"]) if scalars.get("train/reward") else None,
     }
@@ -151,18 +152,19 @@ def _fmt(fig: tuple, spec: str, spread: bool = True) -> str:
 
 def print_report(rows: list[dict]) -> None:
     first, best = rows[0]["first"], rows[0]["best"]
-    cols = [("schedule", 11), ("runs", 5), ("step s", 18), (f"x {first}", 18), (f"x {best}", 18),
+    cols = [("schedule", 11), ("runs", 5), ("step s", 18), (f"x {first}", 18), (f"x {best}", 18), ("mean step s", 18),
             ("tok/s", 16), ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
     print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
     for r in rows:
         cells = [r["schedule"], r["runs_ok"], _fmt(r["step_s"], ".2f"), _fmt(r["x_first"], ".2f"),
-                 _fmt(r["x_best"], ".2f"), _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".0f"),
+                 _fmt(r["x_best"], ".2f"), _fmt(r["mean_step_s"], ".2f"), _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".0f"),
                  _fmt(r["reward"], ".3f", False), _fmt(r["oppo/overlap_fraction"], ".2f", False),
                  _fmt(r["oppo/scorer_idle_fraction"], ".2f", False), _fmt(r["oppo/deferred_fraction"], ".2f", False)]
         print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
     print(f"step s: median over repeats of each run's median wall-clock seconds between consecutive steps "
           f"(warm-up steps left out), [min-max over repeats]; x {first} / x {best}: their step s / this one's, "
-          f"repeat by repeat (above 1 = faster; {best}: the fastest of OpenRLHF's own modes); oracle: the lower "
+          f"repeat by repeat (above 1 = faster; {best}: the fastest of OpenRLHF's own modes); mean step s: the "
+          "runs' time per step (a schedule that trains two batches per generation has a bimodal median); oracle: the lower "
           "bound of the oppo runs' own batches (decode of the trained groups + last scoring call + actor training)")
 
 
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="--train.full_determinism_enable for every run (seeded requests and prompt order)")
     p.add_argument("--timeout-s", type=float, default=900, help="per run")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the step latency (>= 1)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: summarize the runs already under --output (<schedule>-<repeat>)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags for every run")
     args = p.parse_args(argv)
     unknown = [s for s in args.schedules if s not in SCHEDULES]
@@ -195,11 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     order = [(rep, schedule) for rep in range(args.repeats) for schedule in args.schedules]
     for i, (rep, schedule) in enumerate(order, 1):
         root = out / f"{schedule}-{rep}"
-        print(f"[bench schedules] run {i}/{len(order)}: {schedule} -> {root}", flush=True)
-        run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),
-                         "--timeout-s", str(args.timeout_s), *(["--", *extra] if extra else [])])
-        summary = summarize_run(root, args.warmup_steps) if run.returncode == 0 else {"steps": 0, "step_s": []}
-        results[schedule].append({"returncode": run.returncode, "wall_s": run.wall_s, **summary})
+        if args.report_only:
+            ok = (root / "tensorboard").is_dir()
+            returncode, wall_s = (0 if ok else 1), (json.loads((root / "result.json").read_text())["wall_s"]
+                                                   if (root / "result.json").exists() else None)
+        else:
+            print(f"[bench schedules] run {i}/{len(order)}: {schedule} -> {root}", flush=True)
+            run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),
+                             "--timeout-s", str(args.timeout_s), *(["--", *extra] if extra else [])])
+            returncode, wall_s = run.returncode, run.wall_s
+            (root / "result.json").write_text(json.dumps({"returncode": returncode, "wall_s": wall_s}))
+        summary = summarize_run(root, args.warmup_steps) if returncode == 0 else {"steps": 0, "step_s": []}
+        results[schedule].append({"returncode": returncode, "wall_s": wall_s, **summary})
     rows = report(results)
     print_report(rows)
     out.mkdir(parents=True, exist_ok=True)

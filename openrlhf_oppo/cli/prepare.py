@@ -1,5 +1,5 @@
-"""`openrlhf-oppo prepare [--assets DIR] [--force]`: build the tiny task's tokenizer,
-models (actor/reference, reward, critic init) and prompt set locally (no hub)."""
+"""`openrlhf-oppo prepare [--variant NAME] [--assets DIR] [--force]`: build the tiny task's
+tokenizer, models (actor/reference, reward, critic init) and prompt set locally (no hub)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import argparse
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--assets", default=None, help="output dir (default ~/.cache/openrlhf_oppo/tiny)")
-    p.add_argument("--force", action="store_true", help="rebuild even if already built")
-    args = p.parse_args(argv)
     from openrlhf_oppo.tasks import tiny
 
-    assets = tiny.build(args.assets, force=args.force)
-    print(f"openrlhf-oppo prepare: tiny task assets in {assets.root}")
+    p = argparse.ArgumentParser(prog="openrlhf-oppo prepare", description=__doc__.splitlines()[0])
+    p.add_argument("--variant", default="tiny", choices=list(tiny.VARIANTS),
+                   help="model variant (tiny.VARIANTS): tiny, or longtail for heavy-tailed response lengths")
+    p.add_argument("--assets", default=None, help="output dir (default ~/.cache/openrlhf_oppo/<variant>)")
+    p.add_argument("--force", action="store_true", help="rebuild even if already built")
+    args = p.parse_args(argv)
+
+    assets = tiny.build(args.assets or tiny.default_root(args.variant), tiny.VARIANTS[args.variant], force=args.force)
+    print(f"openrlhf-oppo prepare: {args.variant} task assets in {assets.root}")
     return 0

@@ -20,21 +20,26 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="openrlhf-oppo train", description=__doc__.splitlines()[0])
     p.add_argument("--schedule", required=True, help=f"one of: {', '.join(SCHEDULES)}")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/tiny-cpu.yaml")
-    p.add_argument("--assets", default=None, help="tiny-task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/tiny)")
+    p.add_argument("--assets", default=None,
+                   help="tiny-task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")
     p.add_argument("--output", default=None, help="run directory (default: runs/<config>-<schedule>)")
     p.add_argument("--timeout-s", type=float, default=None, help="end the run (exit 124) after this many seconds")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
     return p
 
 
-def _task_flags(flags: dict, assets_dir: str | None) -> tuple[dict, Path | None]:
-    """Model and data paths default to the built-in tiny task, built on first use."""
+def _task_flags(flags: dict, assets_dir: str | None, variant: str) -> tuple[dict, Path | None]:
+    """Model and data paths default to the built-in tiny task (`variant`, one of
+    tiny.VARIANTS), built on first use."""
+    from openrlhf_oppo.tasks import tiny
+
+    # Checked even when the paths are given, so a typo never passes silently.
+    if variant not in tiny.VARIANTS:
+        raise ValueError(f"task.variant: unknown variant '{variant}'; allowed: {', '.join(tiny.VARIANTS)}")
     needed = {"actor.model_name_or_path", "reward.model_name_or_path", "data.prompt_dataset"}
     if needed <= flags.keys():
         return {}, None
-    from openrlhf_oppo.tasks import tiny
-
-    assets = tiny.build(assets_dir)
+    assets = tiny.build(assets_dir or tiny.default_root(variant), tiny.VARIANTS[variant])
     defaults = {
         "actor.model_name_or_path": str(assets.actor),
         "reward.model_name_or_path": str(assets.reward),
@@ -64,7 +69,9 @@ def run(argv: list[str]):
 
         train_ppo_ray.check_flags([*yaml_config.to_argv(flags), *args.extra], oppo_cfg)
         oppo_argv = to_cli_args(oppo_cfg)
-    task_defaults, tokenizer_json = _task_flags(flags, args.assets or config.task.get("assets"))
+    task_defaults, tokenizer_json = _task_flags(
+        flags, args.assets or config.task.get("assets"), config.task.get("variant", "tiny")
+    )
     flags.update(task_defaults)
     flags.update(schedules.schedule_flags(args.schedule, flags))
 

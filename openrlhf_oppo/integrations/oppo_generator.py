@@ -113,7 +113,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step = 0  # == policy version: weight syncs done so far
         self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
         self.scores: dict[int, float] = {}  # sample id -> streamed reward
-        self.pending: list[tuple[Any, int, list[ChunkReady]]] = []  # reward calls in flight: (ref, actor, chunks)
+        # reward calls in flight: (ref, actor, chunks, {sample id: tokens prefilled ahead of its final chunk})
+        self.pending: list[tuple[Any, int, list[ChunkReady], dict[int, int]]] = []
+        self.finished_s: dict[int, float] = {}  # sample id -> when its engine finished it
         self.polls: dict[int, Any] = {}  # engine index -> its `next_outputs` call in flight (outlives a step)
         self.engine_of: dict[int, int] = {}  # group id -> engine decoding its samples (a group stays on one)
         self.scorer_busy: list[tuple[float, float]] = []  # acknowledged reward calls' (start, end), this step
@@ -121,7 +123,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step_started_s = 0.0
         self.step_gen_s = 0.0  # generation+scoring phase of the open step
         self.step_generated_tokens = 0
-        self.step_overlap_tokens = [0, 0]  # response tokens prefilled before / at the end of their sample
+        self.step_overlap_tokens = [0, 0]  # response tokens whose prefill finished before / not before their sample
         self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
         self.paused = False  # engines paused for the weight sync under way
         self.trace_path = os.environ.get(TRACE_ENV)
@@ -183,6 +185,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.engine_of.pop(g.group_id, None)
             for s in g.samples:
                 self.scores.pop(s.sample_id, None)
+                self.finished_s.pop(s.sample_id, None)
         self.step += 1
         self.progress.update()
         self.progress.set_postfix(
@@ -305,7 +308,7 @@ class OppoSamplesGenerator(SamplesGenerator):
                 if idx not in self.polls:
                     self.polls[idx] = engine.next_outputs.remote(POLL_S, wake_tokens)
             # sleep until an engine has output or a reward call is done, whichever is first
-            ray.wait([*self.polls.values(), *(ref for ref, _, _ in self.pending)], num_returns=1)
+            ray.wait([*self.polls.values(), *(ref for ref, *_ in self.pending)], num_returns=1)
             done = set(ray.wait(list(self.polls.values()), num_returns=len(self.polls), timeout=0)[0])
             chunks: list[ChunkReady] = []
             for idx, ref in list(self.polls.items()):
@@ -316,6 +319,7 @@ class OppoSamplesGenerator(SamplesGenerator):
                     generated += len(d.token_ids)
                     chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
                     if d.finish_reason is not None:
+                        self.finished_s[d.sample_id] = d.time_s
                         chunks += self.scheduler.on_finished(d.sample_id, d.finish_reason)
             self._dispatch(chunks)
             self._collect_scores()
@@ -323,7 +327,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         return batch, generated
 
     def _dispatch(self, chunks: list[ChunkReady]) -> None:
-        """Send chunks to the reward actors, sticky by sample, one call per actor."""
+        """Send chunks to the reward actors, sticky by sample, one call per actor. A
+        chunk sent with its sample's final one is prefilled with it: not overlapped."""
         if not chunks:
             return
         work: dict[int, tuple[dict, dict, list]] = {}
@@ -331,7 +336,6 @@ class OppoSamplesGenerator(SamplesGenerator):
             idx = ch.sample_id % len(self.reward_actors)
             extends, finishes, sent = work.setdefault(idx, ({}, {}, []))
             toks = self.scheduler.response_tokens(ch.sample_id, ch.start, ch.end)
-            self.step_overlap_tokens[1 if ch.final else 0] += len(toks)
             if ch.final:
                 # chunks of one sample arriving together are prefilled as one: same result
                 finishes[ch.sample_id] = extends.pop(ch.sample_id, []) + toks
@@ -339,26 +343,30 @@ class OppoSamplesGenerator(SamplesGenerator):
                 extends.setdefault(ch.sample_id, []).extend(toks)
             sent.append(ch)
         for idx, (extends, finishes, sent) in work.items():
-            self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), idx, sent))
+            self.step_overlap_tokens[1] += sum(map(len, finishes.values()))
+            ahead = {sid: len(toks) for sid, toks in extends.items()}
+            self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), idx, sent, ahead))
 
     def _collect_scores(self) -> None:
         """Acknowledge finished reward calls, in submission order per actor: a sample's
         chunks must be acknowledged in order (ray.wait reports readiness in any order)."""
         if not self.pending:
             return
-        refs = [ref for ref, _, _ in self.pending]
+        refs = [ref for ref, *_ in self.pending]
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         blocked: set[int] = set()  # actors with an earlier call still running
         still = []
-        for ref, idx, sent in self.pending:
+        for ref, idx, sent, ahead in self.pending:
             if ref in ready and idx not in blocked:
                 scores, busy = ray.get(ref)
                 self.scores.update(scores)
                 self.scorer_busy.append(busy)
                 self.scheduler.on_scored_many(REWARD, sent)
+                for sid, n in ahead.items():  # overlapped: the prefill was done before the sample was
+                    self.step_overlap_tokens[0 if busy[1] <= self.finished_s.get(sid, float("inf")) else 1] += n
             else:
                 blocked.add(idx)
-                still.append((ref, idx, sent))
+                still.append((ref, idx, sent, ahead))
         self.pending = still
 
     def _experience(self, group, sample, generate_kwargs):

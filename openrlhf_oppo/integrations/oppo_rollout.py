@@ -48,6 +48,7 @@ class SampleDelta:
     logprobs: array | None  # array("d")
     policy_version: int
     finish_reason: str | None  # "stop" | "length" | "abort" on the last delta of a sample
+    time_s: float  # when the engine produced it (time.time()): a finished sample's end
 
 
 class OppoRolloutActor(_BASE):
@@ -84,7 +85,7 @@ class OppoRolloutActor(_BASE):
             params.seed = req.seed
             if params.max_tokens <= 0:
                 no_logprobs = array("d") if params.logprobs else None
-                self._push(SampleDelta(req.sample_id, array("i"), no_logprobs, self._policy_version, "length"))
+                self._push(SampleDelta(req.sample_id, array("i"), no_logprobs, self._policy_version, "length", time.time()))
                 continue
             self._tasks[req.sample_id] = asyncio.create_task(self._decode(req, params))
 
@@ -112,15 +113,16 @@ class OppoRolloutActor(_BASE):
                         logprobs,
                         self._policy_version,
                         finish_reason if out.finished else None,
+                        time.time(),
                     )
                 )
                 if out.finished:
                     return
-            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, finish_reason))
+            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, finish_reason, time.time()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # surface engine failures to the generator, do not lose the sample silently
-            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, "abort"))
+            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, "abort", time.time()))
             raise RuntimeError(f"OPPO rollout: sample {req.sample_id} failed: {exc!r}") from exc
         finally:
             self._tasks.pop(req.sample_id, None)

@@ -54,17 +54,19 @@ def test_every_stage_of_the_step_is_on_the_timeline(schedule, sync_run, oppo_run
     expected |= {("reward", "score"), ("reward", "prefill"), ("driver", "pause"), ("rollout", "pause")} \
         if schedule == "oppo" else {("reward", "score")}
     assert expected <= stages, sorted(expected - stages)
-    assert len(_spans(rows, "driver", "generate")) == STEPS and len(_spans(rows, "actor", "train")) == STEPS
+    # OpenRLHF asks its generator once more at the end, and gets nothing: STEPS or STEPS + 1
+    assert len(_spans(rows, "driver", "generate")) - STEPS in (0, 1) and len(_spans(rows, "actor", "train")) == STEPS
 
 
 def test_every_trained_sample_has_a_decode_span(sync_run, oppo_run):
     rows = _rows(sync_run)
-    syncs = [(r["t0"], r["t1"]) for r in _spans(rows, "driver", "weight_sync")]
-    # the launcher's sync probe decodes one greedy response inside each weight sync: not a rollout
-    sync_samples = [r for r in rows if r["kind"] == "sample" and not any(a <= r["t0"] <= b for a, b in syncs)]
+    steps = [(r["t0"], r["t1"]) for r in _spans(rows, "driver", "generate")]
+    # responses started by the driver's generate (the launcher's sync probe decodes one more
+    # greedy response after each weight sync: not a rollout)
+    sync_samples = [r for r in rows if r["kind"] == "sample" and any(a <= r["t0"] <= b for a, b in steps)]
     assert len(sync_samples) == STEPS * B * N  # OpenRLHF's own generate, one record per response
     assert all(r["t1"] >= r["t0"] and r["tokens"] >= 1 for r in sync_samples)
-    decoded = {r["sample"]: r for r in _rows(oppo_run) if r["kind"] == "sample"}
+    decoded = {r["sample"]: r for r in _rows(oppo_run) if r["kind"] == "sample" and "sample" in r}
     trained = [s for row in _trace(oppo_run) for g in row["trained"] for s in g["samples"]]
     assert len(trained) == STEPS * B * N
     for s in trained:
@@ -73,15 +75,17 @@ def test_every_trained_sample_has_a_decode_span(sync_run, oppo_run):
 
 
 def test_a_carried_sample_decodes_across_a_weight_sync(oppo_run):
+    """A sample whose tokens come from two policy versions (the scheduler's per-token
+    record) was decoding when the weights changed: its decode span holds a weight sync."""
     rows = _rows(oppo_run)
     syncs = [(r["t0"], r["t1"]) for r in _spans(rows, "driver", "weight_sync")]
-    decoded = {r["sample"]: r for r in rows if r["kind"] == "sample"}
-    carried = [g for row in _trace(oppo_run) for g in row["trained"] if g["deferrals"] > 0]
-    assert carried, "no group was carried in this run; the test proves nothing"
-    for g in carried:
-        # a group is carried while one of its samples still decodes: that one spans the step's sync
-        spans = [decoded[s["sample_id"]] for s in g["samples"]]
-        assert any(d["t0"] < a and d["t1"] > b for d in spans for a, b in syncs), g["group_id"]
+    decoded = {r["sample"]: r for r in rows if r["kind"] == "sample" and "sample" in r}  # not the sync probe
+    crossing = [s for row in _trace(oppo_run) for g in row["trained"] for s in g["samples"]
+                if len(set(s["versions"])) > 1]
+    assert crossing, "no sample decoded across a weight sync in this run; the test proves nothing"
+    for s in crossing:
+        d = decoded[s["sample_id"]]
+        assert any(d["t0"] < a and d["t1"] > b for a, b in syncs), s["sample_id"]
 
 
 def test_idle_fraction_of_each_role_is_logged_per_step(sync_run):
