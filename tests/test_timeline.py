@@ -9,25 +9,51 @@ from openrlhf_oppo import timeline
 
 def test_overlapping_intervals_merge_and_idle_is_the_uncovered_share():
     assert timeline.merge([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
-    rows = [{"kind": "span", "role": "actor", "t0": 1.0, "t1": 3.0},
-            {"kind": "span", "role": "actor", "t0": 2.0, "t1": 4.0},
-            {"kind": "sample", "role": "rollout", "t0": 0.0, "t1": 5.0},
-            {"kind": "span", "role": "rollout", "t0": 6.0, "t1": 7.0}]
+    rows = [{"kind": "span", "role": "actor", "pid": 1, "t0": 1.0, "t1": 3.0},
+            {"kind": "span", "role": "actor", "pid": 2, "t0": 2.0, "t1": 4.0},
+            {"kind": "sample", "role": "rollout", "pid": 3, "key": 0, "t0": 0.0, "t1": 5.0},
+            {"kind": "span", "role": "rollout", "pid": 3, "t0": 6.0, "t1": 7.0}]
     idle = timeline.idle_fractions(rows, 0.0, 10.0)
     assert idle["actor"] == pytest.approx(0.7) and idle["rollout"] == pytest.approx(0.4)
 
 
-def test_recorder_writes_one_line_per_span_and_nothing_without_a_directory(tmp_path):
+def test_a_response_still_decoding_keeps_its_engine_busy_to_the_end_of_the_window():
+    rows = [{"kind": "open", "role": "rollout", "host": "h", "pid": 3, "key": 0, "t0": 2.0, "t1": 2.0},
+            {"kind": "open", "role": "rollout", "host": "h", "pid": 3, "key": 1, "t0": 1.0, "t1": 1.0},
+            {"kind": "sample", "role": "rollout", "host": "h", "pid": 3, "key": 1, "t0": 1.0, "t1": 1.5}]
+    # key 1 ended at 1.5; key 0 has no end yet: busy from 2 to the window's end
+    assert timeline.idle_fractions(rows, 0.0, 10.0)["rollout"] == pytest.approx(1.0 - (0.5 + 8.0) / 10.0)
+
+
+def test_recorder_writes_one_line_per_record_and_nothing_without_a_directory(tmp_path):
     rec = timeline.Recorder(str(tmp_path / "tl"))
+    opened = rec.open_sample("rollout")
     with rec.timed("actor", "train"):
         pass
-    rec.sample("rollout", 1.0, 2.0, tokens=7, finish="stop", sample=3)
+    rec.sample("rollout", opened, tokens=7, finish="stop", sample=3)
+    [path] = (tmp_path / "tl").glob("*.jsonl")
+    assert path.name.startswith(rec.host + "-")
     rows = timeline.read(tmp_path / "tl")
-    assert [(r["kind"], r["role"]) for r in rows] == [("sample", "rollout"), ("span", "actor")]
-    assert rows[0]["tokens"] == 7 and rows[0]["sample"] == 3 and rows[1]["t1"] >= rows[1]["t0"]
-    (tmp_path / "tl" / "999.jsonl").write_text('{"kind": "span", "t0": 1')  # cut by a kill
-    assert len(timeline.read(tmp_path / "tl")) == 2
+    assert [r["kind"] for r in rows] == ["open", "sample", "span"]  # by start time; open and sample share it
+    assert rows[1]["key"] == rows[0]["key"] and rows[1]["tokens"] == 7 and rows[1]["sample"] == 3
+    assert rows[2]["role"] == "actor" and rows[2]["t1"] >= rows[2]["t0"]
+    (tmp_path / "tl" / "other-999.jsonl").write_text('{"kind": "span", "t0": 1')  # cut by a kill
+    assert len(timeline.read(tmp_path / "tl")) == 3
     off = timeline.Recorder(None)
     with off.timed("actor", "train"):
         pass
     assert not off.enabled
+
+
+def test_tail_reads_only_what_was_appended_and_keeps_what_may_still_matter(tmp_path):
+    rec = timeline.Recorder(str(tmp_path))
+    rec.span("actor", "train", 1.0, 2.0)
+    decoding = rec.open_sample("rollout")
+    tail = timeline.Tail(tmp_path)
+    assert [r["kind"] for r in tail.read(keep_after_s=0.0)] == ["span", "open"]
+    rec.span("actor", "train", 5.0, 6.0)
+    rows = tail.read(keep_after_s=3.0)  # the first span ended before the window: dropped
+    assert [(r["kind"], r["t0"]) for r in rows] == [("open", decoding[1]), ("span", 5.0)]
+    rec.sample("rollout", decoding, tokens=1, finish="stop")
+    rows = tail.read(keep_after_s=1e12)  # everything ended before: nothing kept, the open one closed
+    assert rows == []

@@ -29,10 +29,10 @@ STAGE_COLOURS = {
 SAMPLE_LANES_MAX = 24  # responses drawn in at most this many lanes per engine
 
 
-def _workers(rows: list[dict]) -> list[tuple[str, int]]:
-    seen = dict.fromkeys((r["role"], r["pid"]) for r in rows)
+def _workers(rows: list[dict]) -> list[tuple]:
+    """(role, host, pid) of every worker, by role, then in order of first record (a stable sort)."""
     rank = {role: i for i, role in enumerate(ROLE_ORDER)}
-    return sorted(seen, key=lambda w: (rank.get(w[0], len(rank)), list(seen).index(w)))
+    return sorted(dict.fromkeys(timeline.worker(r) for r in rows), key=lambda w: rank.get(w[0], len(rank)))
 
 
 def _lanes(samples: list[dict]) -> list[int]:
@@ -41,16 +41,18 @@ def _lanes(samples: list[dict]) -> list[int]:
     out = []
     for s in samples:
         lane = next((i for i, end in enumerate(ends) if end <= s["t0"]), None)
-        if lane is None:
-            lane = len(ends) if len(ends) < SAMPLE_LANES_MAX else min(range(len(ends)), key=ends.__getitem__)
-            ends.append(0.0) if lane == len(ends) else None
+        if lane is None and len(ends) < SAMPLE_LANES_MAX:
+            lane = len(ends)
+            ends.append(0.0)
+        elif lane is None:  # lanes full: share the one that frees first
+            lane = min(range(len(ends)), key=ends.__getitem__)
         ends[lane] = s["t1"]
         out.append(lane)
     return out
 
 
 def step_starts(rows: list[dict]) -> list[float]:
-    return [r["t0"] for r in rows if r["kind"] == "span" and r["role"] == "driver" and r["stage"] == "generate"]
+    return [r["t0"] for r in timeline.stage_spans(rows, "driver", "generate")]
 
 
 def window(rows: list[dict], from_step: int, steps: int | None) -> tuple[float, float]:
@@ -65,12 +67,11 @@ def window(rows: list[dict], from_step: int, steps: int | None) -> tuple[float, 
 def draw(ax, rows: list[dict], title: str, from_step: int = 0, steps: int | None = None) -> None:
     t0, t1 = window(rows, from_step, steps)
     rows = [r for r in rows if r["t1"] >= t0 and r["t0"] <= t1]
-    syncs = [(r["t0"], r["t1"]) for r in rows if r["kind"] == "span" and r["stage"] == "weight_sync"
-             and r["role"] == "driver"]
+    syncs = [(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", "weight_sync")]
     labels, y = [], 0
     counts: dict[str, int] = {}
-    for role, pid in _workers(rows):
-        mine = [r for r in rows if (r["role"], r["pid"]) == (role, pid)]
+    for role, host, pid in _workers(rows):
+        mine = [r for r in rows if timeline.worker(r) == (role, host, pid)]
         spans = [r for r in mine if r["kind"] == "span"]
         samples = sorted((r for r in mine if r["kind"] == "sample"), key=lambda r: r["t0"])
         name = f"{role} {counts.setdefault(role, 0)}"

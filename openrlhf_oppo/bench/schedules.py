@@ -53,10 +53,10 @@ def oracle_step_s(rows: list[dict], trace: list[dict], step_walls: list[float]) 
     call before the batch + the actor's training. Everything else a step spends
     (driver round trips, experience making, pause/resume, weight sync) is overhead."""
     finish = {r["sample"]: r["t1"] for r in rows if r["kind"] == "sample" and "sample" in r}
-    starts = [r["t0"] for r in rows if r["kind"] == "span" and r["role"] == "driver" and r["stage"] == "generate"]
-    ends = [r["t1"] for r in rows if r["kind"] == "span" and r["role"] == "driver" and r["stage"] == "generate"]
-    trains = [r for r in rows if r["kind"] == "span" and r["role"] == "actor" and r["stage"] == "train"]
-    scores = [r for r in rows if r["kind"] == "span" and r["role"] == "reward" and r["stage"] == "score"]
+    generates = timeline.stage_spans(rows, "driver", "generate")
+    starts, ends = [r["t0"] for r in generates], [r["t1"] for r in generates]
+    trains = timeline.stage_spans(rows, "actor", "train")
+    scores = timeline.stage_spans(rows, "reward", "score")
     out = []
     for k, row in enumerate(trace[:len(starts)]):
         if k == 0 or (step_walls and ends[k] < step_walls[0]):
@@ -112,9 +112,9 @@ def _figure(runs: list[dict], key: str) -> tuple[float | None, float | None, flo
     return _spread([r[per_run] for r in runs if r.get(per_run) is not None])
 
 
-def _ratio(base: list[dict], runs: list[dict]) -> tuple[float | None, float | None, float | None]:
-    """base step s / this schedule's step s, repeat by repeat (a repeat missing either is left out)."""
-    pairs = [(b.get("median_step_s"), r.get("median_step_s")) for b, r in zip(base, runs)]
+def _ratio(base: list[dict], runs: list[dict], key: str = "median_step_s") -> tuple[float | None, float | None, float | None]:
+    """base `key` / this schedule's, repeat by repeat (a repeat missing either is left out)."""
+    pairs = [(b.get(key), r.get(key)) for b, r in zip(base, runs)]
     return _spread([b / r for b, r in pairs if b and r])
 
 
@@ -128,17 +128,21 @@ def report(results: dict[str, list[dict]]) -> list[dict]:
         row.update({key: _figure(good, key) for key in FIGURES})
         rows.append(row)
     first = next(iter(ok), None)
+    # the best of OpenRLHF's own modes by time per step (mean): a mode that trains two
+    # batches per generation (over-sampling) has a bimodal step latency, whose median misleads
     baselines = [s for s in ok if not SCHEDULES[s].entry_module.startswith("openrlhf_oppo")]
-    best = min(baselines, key=lambda s: _figure([r for r in ok[s] if r], "step_s")[0] or float("inf"), default=None)
+    best = min(baselines, key=lambda s: _figure([r for r in ok[s] if r], "mean_step_s")[0] or float("inf"),
+               default=None)
     for row in rows:
         row["x_first"] = _ratio(ok[first], ok[row["schedule"]])
-        row["x_best"] = _ratio(ok[best], ok[row["schedule"]]) if best else (None, None, None)
-    oracle = [r["oracle_s"] for s in ok if s == "oppo" for r in ok[s] if r and r.get("oracle_s")]
-    if oracle:
-        step = _spread(oracle)
-        rows.append({"schedule": "oracle", "runs_ok": "-", "step_s": step,
-                     "x_first": _ratio(ok[first], [{"median_step_s": v} for v in oracle]),
-                     "x_best": _ratio(ok[best], [{"median_step_s": v} for v in oracle]) if best else (None,) * 3,
+        row["x_best"] = _ratio(ok[best], ok[row["schedule"]], "mean_step_s") if best else (None, None, None)
+    # repeat by repeat, a failed oppo run leaving a gap ({}) so that repeats stay paired
+    oracle = [{"median_step_s": r["oracle_s"], "mean_step_s": r["oracle_s"]} if r.get("oracle_s") else {}
+              for r in ok.get("oppo", [])]
+    if any(oracle):
+        rows.append({"schedule": "oracle", "runs_ok": "-", "step_s": _figure([o for o in oracle if o], "step_s"),
+                     "x_first": _ratio(ok[first], oracle),
+                     "x_best": _ratio(ok[best], oracle, "mean_step_s") if best else (None,) * 3,
                      **{k: (None,) * 3 for k in FIGURES if k != "step_s"}})
     return [dict(row, first=first, best=best) for row in rows]
 
@@ -152,19 +156,19 @@ def _fmt(fig: tuple, spec: str, spread: bool = True) -> str:
 
 def print_report(rows: list[dict]) -> None:
     first, best = rows[0]["first"], rows[0]["best"]
-    cols = [("schedule", 11), ("runs", 5), ("step s", 18), (f"x {first}", 18), (f"x {best}", 18), ("mean step s", 18),
+    cols = [("schedule", 11), ("runs", 5), ("step s", 18), (f"x {first}", 18), ("mean step s", 18), (f"x {best}", 18),
             ("tok/s", 16), ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
     print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
     for r in rows:
         cells = [r["schedule"], r["runs_ok"], _fmt(r["step_s"], ".2f"), _fmt(r["x_first"], ".2f"),
-                 _fmt(r["x_best"], ".2f"), _fmt(r["mean_step_s"], ".2f"), _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".0f"),
+                 _fmt(r["mean_step_s"], ".2f"), _fmt(r["x_best"], ".2f"), _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".0f"),
                  _fmt(r["reward"], ".3f", False), _fmt(r["oppo/overlap_fraction"], ".2f", False),
                  _fmt(r["oppo/scorer_idle_fraction"], ".2f", False), _fmt(r["oppo/deferred_fraction"], ".2f", False)]
         print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
     print(f"step s: median over repeats of each run's median wall-clock seconds between consecutive steps "
-          f"(warm-up steps left out), [min-max over repeats]; x {first} / x {best}: their step s / this one's, "
-          f"repeat by repeat (above 1 = faster; {best}: the fastest of OpenRLHF's own modes); mean step s: the "
-          "runs' time per step (a schedule that trains two batches per generation has a bimodal median); oracle: the lower "
+          f"(warm-up steps left out), [min-max over repeats]; x {first}: its step s / this one's, repeat by repeat "
+          f"(above 1 = faster); mean step s: time per step (over-sampling trains two batches per generation: its "
+          f"median is bimodal); x {best}: mean step s of the fastest of OpenRLHF's own modes / this one's; oracle: the lower "
           "bound of the oppo runs' own batches (decode of the trained groups + last scoring call + actor training)")
 
 
@@ -200,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, (rep, schedule) in enumerate(order, 1):
         root = out / f"{schedule}-{rep}"
         if args.report_only:
-            ok = (root / "tensorboard").is_dir()
-            returncode, wall_s = (0 if ok else 1), (json.loads((root / "result.json").read_text())["wall_s"]
-                                                   if (root / "result.json").exists() else None)
+            result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
+            returncode = result.get("returncode", 0 if (root / "tensorboard").is_dir() else 1)
+            wall_s = result.get("wall_s")
         else:
             print(f"[bench schedules] run {i}/{len(order)}: {schedule} -> {root}", flush=True)
             run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),

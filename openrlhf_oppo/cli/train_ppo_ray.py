@@ -52,6 +52,12 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
                 f"--oppo.streaming.{name}: this version streams into the reward model only "
                 f"(OpenRLHF computes {name} outputs one-shot); leave it false"
             )
+    if _given("--vllm.enable_prefix_caching", argv) and cfg.staleness.keep_kv_cache:
+        raise ValueError(
+            "--vllm.enable_prefix_caching cannot be combined with --oppo.staleness.keep_kv_cache true: "
+            "carried requests keeping their KV blocks across a weight sync stop vLLM's prefix-cache reset "
+            "(new prompts would reuse the old policy's KV); set --oppo.staleness.keep_kv_cache false"
+        )
     if _given("--rollout.vllm_generate_batch_size", argv) and cfg.delta.enable:
         raise ValueError(
             "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable: "

@@ -16,7 +16,8 @@ decision:
               kept unless --oppo.staleness.keep_kv_cache false)
               and bumps the policy version their next tokens are stamped with
 
-Rollout logprobs and per-token policy versions are recorded; OpenRLHF recomputes
+Per-token policy versions (and rollout logprobs, when an importance-sampling
+correction uses them) are recorded; OpenRLHF recomputes
 old logprobs, reference logprobs and values on the full sequences at training time.
 """
 
@@ -39,7 +40,7 @@ from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBat
 from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
 from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
 from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
-from openrlhf_oppo.integrations.timeline_hooks import STEP_WINDOW
+from openrlhf_oppo.integrations import timeline_hooks
 
 CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
 TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
@@ -116,6 +117,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         # reward calls in flight: (ref, actor, chunks, {sample id: tokens prefilled ahead of its final chunk})
         self.pending: list[tuple[Any, int, list[ChunkReady], dict[int, int]]] = []
         self.finished_s: dict[int, float] = {}  # sample id -> when its engine finished it
+        # sample id -> [(prefill end, tokens)] acknowledged before the driver saw it finish
+        self.prefilled_early: dict[int, list[tuple[float, int]]] = {}
         self.polls: dict[int, Any] = {}  # engine index -> its `next_outputs` call in flight (outlives a step)
         self.engine_of: dict[int, int] = {}  # group id -> engine decoding its samples (a group stays on one)
         self.scorer_busy: list[tuple[float, float]] = []  # acknowledged reward calls' (start, end), this step
@@ -137,8 +140,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         once OpenRLHF has the batch's rewards."""
         if self.open_batch is not None:
             raise RuntimeError("generate_samples called before finish_step closed the previous step")
-        STEP_WINDOW.open()
-        with timeline.RECORDER.timed("driver", "generate"):
+        with timeline_hooks.generating():
             return self._generate_step(generate_kwargs)
 
     def _generate_step(self, generate_kwargs):
@@ -265,12 +267,14 @@ class OppoSamplesGenerator(SamplesGenerator):
                 req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)), seed)
                 per_engine.setdefault(self.engine_of[gid], []).append(req)
 
+        load = [0] * len(self.vllm_engines)  # groups decoding on each engine
+        for idx in self.engine_of.values():
+            load[idx] += 1
+
         def place(gid: int) -> None:
             # a whole group on the engine decoding the fewest groups (as OpenRLHF places a prompt's n samples)
-            load = [0] * len(self.vllm_engines)
-            for idx in self.engine_of.values():
-                load[idx] += 1
-            self.engine_of[gid] = min(range(len(load)), key=load.__getitem__)
+            idx = self.engine_of[gid] = min(range(len(load)), key=load.__getitem__)
+            load[idx] += 1
 
         for slot, group in enumerate(plan.admit):
             prompt, label = self.prompt_stream.next()  # the prompt at position group.prompt_index
@@ -320,6 +324,8 @@ class OppoSamplesGenerator(SamplesGenerator):
                     chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
                     if d.finish_reason is not None:
                         self.finished_s[d.sample_id] = d.time_s
+                        for end_s, n in self.prefilled_early.pop(d.sample_id, ()):
+                            self.step_overlap_tokens[0 if end_s <= d.time_s else 1] += n
                         chunks += self.scheduler.on_finished(d.sample_id, d.finish_reason)
             self._dispatch(chunks)
             self._collect_scores()
@@ -358,12 +364,15 @@ class OppoSamplesGenerator(SamplesGenerator):
         still = []
         for ref, idx, sent, ahead in self.pending:
             if ref in ready and idx not in blocked:
-                scores, busy = ray.get(ref)
-                self.scores.update(scores)
-                self.scorer_busy.append(busy)
+                reply = ray.get(ref)
+                self.scores.update(reply.scores)
+                self.scorer_busy.append((reply.start_s, reply.end_s))
                 self.scheduler.on_scored_many(REWARD, sent)
                 for sid, n in ahead.items():  # overlapped: the prefill was done before the sample was
-                    self.step_overlap_tokens[0 if busy[1] <= self.finished_s.get(sid, float("inf")) else 1] += n
+                    if sid in self.finished_s:
+                        self.step_overlap_tokens[0 if reply.end_s <= self.finished_s[sid] else 1] += n
+                    else:  # its end is not known yet: judged when it is
+                        self.prefilled_early.setdefault(sid, []).append((reply.end_s, n))
             else:
                 blocked.add(idx)
                 still.append((ref, idx, sent, ahead))
@@ -391,9 +400,8 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        # nothing decodes when every admitted group is in the batch (Δ = 0, no carry): no pause
-        trained = {g.group_id for g in self.open_batch.groups} if self.open_batch is not None else set()
-        self.paused = any(gid not in trained for gid in self.scheduler.in_flight_groups)
+        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no pause
+        self.paused = bool(self.scheduler.in_flight_groups)
         if self.paused:
             with timeline.RECORDER.timed("driver", "pause"):
                 ray.get([e.pause_generation.remote(self.oppo.staleness.keep_kv_cache) for e in self.vllm_engines])

@@ -58,8 +58,9 @@ class OppoRolloutActor(_BASE):
         await super().__init__(*args, **kwargs)
         self._outbox: list[SampleDelta] = []
         self._outbox_ready = asyncio.Event()
-        self._unsent: dict[int, int] = {}  # sample id -> tokens in the outbox since the last drain
-        self._wake_tokens = 1  # set by next_outputs: a sample with this many unsent tokens wakes the caller
+        self._decoded: dict[int, int] = {}  # sample id -> response tokens pushed so far
+        self._drained: dict[int, int] = {}  # sample id -> of those, handed to the caller
+        self._wake_tokens = 1  # set by next_outputs: a sample crossing a multiple of it wakes the caller
         self._tasks: dict[int, asyncio.Task] = {}
         self._policy_version = 0
 
@@ -95,7 +96,8 @@ class OppoRolloutActor(_BASE):
 
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids) + list(req.held_ids))
         finish_reason = "abort"
-        t0, decoded = time.time(), 0
+        opened, decoded = timeline.RECORDER.open_sample("rollout"), 0
+        self._decoded[req.sample_id] = self._drained[req.sample_id] = len(req.held_ids)
         try:
             async for out in self.llm.generate(prompt, params, request_id=f"oppo-{req.sample_id}-{random_uuid()}"):
                 comp = out.outputs[0]
@@ -126,14 +128,19 @@ class OppoRolloutActor(_BASE):
             raise RuntimeError(f"OPPO rollout: sample {req.sample_id} failed: {exc!r}") from exc
         finally:
             self._tasks.pop(req.sample_id, None)
-            timeline.RECORDER.sample("rollout", t0, time.time(), decoded, finish_reason,
+            timeline.RECORDER.sample("rollout", opened, decoded, finish_reason,
                                      sample=req.sample_id, held=len(req.held_ids))
 
     def _push(self, delta: SampleDelta) -> None:
         self._outbox.append(delta)
-        unsent = self._unsent[delta.sample_id] = self._unsent.get(delta.sample_id, 0) + len(delta.token_ids)
-        if delta.finish_reason is not None or unsent >= self._wake_tokens:
+        sid = delta.sample_id
+        self._decoded[sid] = self._decoded.get(sid, 0) + len(delta.token_ids)
+        if delta.finish_reason is not None or self._chunk_ready(sid):
             self._outbox_ready.set()
+
+    def _chunk_ready(self, sid: int) -> bool:
+        # the scheduler cuts chunks at multiples of C from the response start: wake at those
+        return self._decoded[sid] // self._wake_tokens > self._drained.get(sid, 0) // self._wake_tokens
 
     async def next_outputs(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
         """Drain the outbox once something in it is worth a round trip: a sample finished
@@ -141,14 +148,19 @@ class OppoRolloutActor(_BASE):
         when only finished samples matter), or `timeout_s` passed. Waking per token
         would cost a driver round trip and a pickle per token."""
         self._wake_tokens = wake_tokens
-        if not self._outbox_ready.is_set() and any(n >= wake_tokens for n in self._unsent.values()):
+        if any(self._chunk_ready(sid) for sid in self._decoded):
             self._outbox_ready.set()
         try:
             await asyncio.wait_for(self._outbox_ready.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
         out, self._outbox = self._outbox, []
-        self._unsent.clear()
+        for d in out:
+            if d.finish_reason is None:
+                self._drained[d.sample_id] = self._decoded[d.sample_id]
+            else:  # the sample is done on this engine
+                self._decoded.pop(d.sample_id, None)
+                self._drained.pop(d.sample_id, None)
         self._outbox_ready.clear()
         return out
 

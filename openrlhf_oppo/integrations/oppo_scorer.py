@@ -12,10 +12,20 @@ sits idle while OPPO streams.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import ray
 
 from openrlhf_oppo import timeline
+
+
+@dataclass(frozen=True)
+class ScoreReply:
+    """What one `process` call returns: rewards of the samples it finished, and when it worked."""
+
+    scores: dict[int, float]
+    start_s: float  # time.time() at the call's start and end: the actor's busy interval
+    end_s: float
 
 
 class StreamingRewardActor:
@@ -36,17 +46,13 @@ class StreamingRewardActor:
             dtype=torch.bfloat16 if cuda else torch.float32,
         ).to("cuda" if cuda else "cpu")
         self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens or None)
-        self.busy_s = 0.0  # time spent in forwards: idle fraction = 1 - busy / wall
 
     def open_many(self, prompts: dict[int, list[int]]) -> None:
         for seq_id, prompt_ids in prompts.items():
             self.scorer.open(seq_id, prompt_ids)
 
-    def process(
-        self, extends: dict[int, list[int]], finishes: dict[int, list[int]]
-    ) -> tuple[dict[int, float], tuple[float, float]]:
-        """Prefill `extends`, then prefill the last chunks in `finishes`; returns their
-        rewards and when this call worked (start, end `time.time()` s)."""
+    def process(self, extends: dict[int, list[int]], finishes: dict[int, list[int]]) -> ScoreReply:
+        """Prefill `extends`, then prefill the last chunks in `finishes` and score them."""
         t0 = time.time()
         if extends:
             self.scorer.extend_many(extends)
@@ -59,12 +65,7 @@ class StreamingRewardActor:
             timeline.RECORDER.span("reward", "prefill", t0, t1, tokens=sum(map(len, extends.values())))
         if finishes:
             timeline.RECORDER.span("reward", "score", t1, t2, tokens=sum(map(len, finishes.values())))
-        self.busy_s += t2 - t0
-        return scores, (t0, t2)
-
-    def stats(self) -> dict[str, float]:
-        s = self.scorer.stats()
-        return {"busy_s": self.busy_s, **{k: float(v) for k, v in vars(s).items() if isinstance(v, (int, float))}}
+        return ScoreReply(scores, t0, t2)
 
 
 StreamingRewardRayActor = ray.remote(StreamingRewardActor)

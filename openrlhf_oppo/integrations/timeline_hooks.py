@@ -24,9 +24,11 @@ role was busy, read back from the run's timeline files.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import time
+from typing import Iterator
 
 from openrlhf_oppo import timeline
 from openrlhf_oppo.compat.patches import Patch
@@ -37,10 +39,10 @@ OPENRLHF_VERSION = "0.11.2"
 def _classes(owner) -> list:
     """The classes to set a method on: for a Ray actor class, the class under
     @ray.remote and Ray's subclass that holds a wrapper of every method."""
-    meta = getattr(owner, "__ray_metadata__", None)  # an ActorClass has it, a plain class does not
-    if meta is None:
+    if not hasattr(owner, "__ray_metadata__"):  # a plain class
         return [owner]
-    return [meta.modified_class.__mro__[1], meta.modified_class]
+    actor_cls = owner.__ray_metadata__.modified_class
+    return [actor_cls.__mro__[1], actor_cls]
 
 
 def _wrap(owner, name: str, wrapper_factory) -> None:
@@ -68,10 +70,10 @@ def _timed(role: str, stage: str):
 
 def _sample(original):
     async def generate(self, *args, **kwargs):
-        t0 = time.time()
+        opened = timeline.RECORDER.open_sample("rollout")
         out = await original(self, *args, **kwargs)
         comp = out.outputs[0] if out is not None and out.outputs else None
-        timeline.RECORDER.sample("rollout", t0, time.time(), len(comp.token_ids) if comp else 0,
+        timeline.RECORDER.sample("rollout", opened, len(comp.token_ids) if comp else 0,
                                  comp.finish_reason if comp else None)
         return out
 
@@ -82,10 +84,12 @@ IDLE_ROLES = ("rollout", "reward", "ref", "critic", "actor")
 
 
 class StepWindow:
-    """The driver's view of the timeline: idle share of each role since the last step."""
+    """The driver's view of the timeline: idle share of each role since the last step
+    (read incrementally: a step costs what the step wrote, not what the run did)."""
 
     def __init__(self) -> None:
         self.start_s: float | None = None
+        self.tail = timeline.Tail(timeline.RECORDER.directory) if timeline.RECORDER.enabled else None
 
     def open(self) -> None:
         if self.start_s is None:
@@ -94,21 +98,27 @@ class StepWindow:
     def close(self) -> dict[str, float]:
         end = time.time()
         start, self.start_s = self.start_s or end, end
-        if not timeline.RECORDER.enabled:
+        if self.tail is None:
             return {}
-        rows = timeline.read(timeline.RECORDER.directory)
-        idle = timeline.idle_fractions(rows, start, end)
+        idle = timeline.idle_fractions(self.tail.read(keep_after_s=start), start, end)
         return {f"timing/idle/{role}": idle[role] for role in IDLE_ROLES if role in idle}
 
 
 STEP_WINDOW = StepWindow()
 
 
+@contextlib.contextmanager
+def generating() -> Iterator[None]:
+    """The driver waits for a step's rollouts (every schedule's generator)."""
+    STEP_WINDOW.open()
+    with timeline.RECORDER.timed("driver", "generate"):
+        yield
+
+
 def samples_generator(module) -> None:
     def factory(original):
         def generate_samples(self, *args, **kwargs):
-            STEP_WINDOW.open()
-            with timeline.RECORDER.timed("driver", "generate"):
+            with generating():
                 return original(self, *args, **kwargs)
 
         return generate_samples
@@ -148,6 +158,7 @@ def vllm_engine(module) -> None:
     _wrap(actor, "pause_generation", _timed("rollout", "pause"))
     _wrap(actor, "resume_generation", _timed("rollout", "resume"))
     _wrap(actor, "update_weight", _timed("rollout", "load_weights"))
+    _wrap(actor, "update_weight_cuda_ipc", _timed("rollout", "load_weights"))  # colocated GPU runs
 
 
 def model_actors(module) -> None:

@@ -27,7 +27,7 @@ def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
         "oppo": [{"returncode": 0, "wall_s": 70.0, **oppo}, failed],
     })
     assert [r["schedule"] for r in rows] == ["sync", "oppo", "oracle"] and rows[1]["runs_ok"] == "1/2"
-    assert rows[0]["x_first"] == (1.0, 1.0, 1.0) and rows[0]["best"] == "sync"
+    assert rows[0]["x_first"] == (1.0, 1.0, 1.0) and rows[0]["best"] == "sync" and rows[0]["x_best"] == (1.0, 1.0, 1.0)
     assert rows[1]["x_first"][0] == pytest.approx(sync["median_step_s"] / oppo["median_step_s"])
     assert rows[0]["wall_s"] == (61.0, 60.0, 62.0)  # median [min, max] over repeats
     assert rows[1]["wall_s"] == (70.0, 70.0, 70.0)  # a failed run's figures are left out
