@@ -135,8 +135,11 @@ def plot_compare(run_a: Path, run_b: Path, out: Path | None, from_step: int = 0,
 
 
 def response_lengths(rows: list[dict]) -> list[int]:
-    """Tokens of every finished response (held tokens of a restarted one included)."""
-    return [r["tokens"] + r.get("held", 0) for r in rows if r["kind"] == "sample" and r["finish"] != "abort"]
+    """Tokens of every finished rollout response (held tokens of a restarted one included):
+    those started while the driver generated (not the launcher's probe after a weight sync)."""
+    steps = [(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", "generate")]
+    return [r["tokens"] + r.get("held", 0) for r in rows if r["kind"] == "sample" and r["finish"] != "abort"
+            and any(a <= r["t0"] <= b for a, b in steps)]
 
 
 def plot_lengths(run_dir: Path, out: Path | None) -> Path:
