@@ -153,8 +153,7 @@ def covered_s(intervals: list[tuple[float, float]], t0: float, t1: float) -> flo
 def busy_intervals(rows: list[dict], role: str, now_s: float) -> list[tuple[float, float]]:
     """When `role` was working: its spans, and for rollout engines the decoding of any
     response (one still decoding counts until `now_s`)."""
-    out = [(r["t0"], r["t1"]) for r in rows if r["role"] == role and r["kind"] in ("span", "sample")
-           and (r["kind"] == "span" or role == "rollout")]
+    out = [(r["t0"], r["t1"]) for r in rows if r["role"] == role and r["kind"] in ("span", "sample")]
     if role == "rollout":
         ended = {(r.get("host"), r["pid"], r["key"]) for r in rows if r["kind"] == "sample" and "key" in r}
         out += [(r["t0"], now_s) for r in rows if r["role"] == role and r["kind"] == "open"

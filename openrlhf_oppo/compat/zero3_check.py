@@ -1,4 +1,4 @@
-"""ZeRO-3 weight-integrity check on CPU (ENVIRONMENT.md item 7).
+"""ZeRO-3 weight-integrity check on CPU (DeepSpeed 0.19.6 all-gather race on gloo).
 
 DeepSpeed 0.19.6 on gloo could hand back corrupt weights after a ZeRO-3 load with
 >= 2 ranks (see patches.zero3_sequential_allgather). This loads a checkpoint with

@@ -39,6 +39,7 @@ from openrlhf_oppo import timeline
 from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch
 from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
 from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
+from openrlhf_oppo.integrations.oppo_trace import write_trace
 from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
 from openrlhf_oppo.integrations import timeline_hooks
 
@@ -181,7 +182,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             busy = sum(max(0.0, min(b, end) - max(a, self.step_started_s)) for a, b in self.scorer_busy)
             metrics["oppo/scorer_idle_fraction"] = 1.0 - min(1.0, busy / max(self.step_gen_s * len(self.reward_actors), 1e-9))
             self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
-        self._write_trace(batch, report)
+        if self.trace_path:
+            write_trace(self.trace_path, self.scheduler, batch, report, self.prompts, self.scores)
         for g in batch.groups:  # trained: nothing of it is needed again
             del self.prompts[g.group_id]
             self.engine_of.pop(g.group_id, None)
@@ -195,44 +197,6 @@ class OppoSamplesGenerator(SamplesGenerator):
             deferred=f"{report.deferred_fraction:.0%}", step_s=f"{time.time() - self.step_started_s:.1f}",
         )
         return metrics
-
-    def _write_trace(self, batch: TrainBatch, report) -> None:
-        """One JSON line per step: what was admitted, trained (tokens, versions,
-        rewards) and carried. Small runs only (OPPO_TRACE_JSONL); tests read it."""
-        if not self.trace_path:
-            return
-        carried = {}
-        for gid in report.carried_groups:
-            for sid in self.scheduler.group_sample_ids(gid):
-                carried[str(sid)] = self.scheduler.held_tokens(sid)
-        row = {
-            "step": report.step,
-            "admitted_groups": report.admitted_groups,
-            "next_prompt_index": self.scheduler.next_prompt_index,
-            "trained": [
-                {
-                    "group_id": g.group_id,
-                    "prompt_index": g.prompt_index,
-                    "prompt_ids": self.prompts[g.group_id][2],
-                    "deferrals": g.deferrals,
-                    "samples": [
-                        {
-                            "sample_id": s.sample_id,
-                            "tokens": s.token_ids,
-                            "versions": s.token_versions,
-                            "finish_reason": s.finish_reason,
-                            "reward": self.scores.get(s.sample_id),
-                        }
-                        for s in g.samples
-                    ],
-                }
-                for g in batch.groups
-            ],
-            "carried_groups": list(report.carried_groups),
-            "carried_tokens": carried,
-        }
-        with open(self.trace_path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
 
     # ------------------------------------------------------------------ phases
 

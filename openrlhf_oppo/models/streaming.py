@@ -1,6 +1,6 @@
 """Streaming scorers: the reward, reference and critic models prefill a response chunk by chunk.
 
-OPPO's intra-step overlap (DESIGN.md §1, §5): while the actor decodes chunk k of
+OPPO's intra-step overlap (README: What OPPO changes in a PPO step): while the actor decodes chunk k of
 a sequence, a scorer prefills chunk k-1 into that sequence's KV cache, so when
 the sequence ends only its last chunk is left:
 
@@ -22,7 +22,7 @@ The result equals a one-shot forward of the whole sequence for any chunking
 the least recently extended sequences lose their cache and are re-prefilled from
 their recorded tokens when next extended (see `stats()`).
 
-Cache validity (DESIGN.md §4): the reward and reference models are frozen, so a
+Cache validity: the reward and reference models are frozen, so a
 cache stays valid across PPO steps; the critic changes every step, so a
 `StreamingCriticScorer` cache is valid for one critic `version` only.
 """

@@ -1,5 +1,5 @@
 """ZeRO-3 loads on 2 gloo ranks return the checkpoint's weights bit for bit
-(DeepSpeed 0.19.6 all-gather race, ENVIRONMENT.md item 7). With the fix turned
+(DeepSpeed 0.19.6 all-gather race on gloo). With the fix turned
 off (`python -m openrlhf_oppo.compat.zero3_check DIR --unfixed`) 4 of 8 loads came
 back corrupt in one of two tries on the development machine; with it, 0 of 24."""
 
