@@ -31,12 +31,14 @@ Stdlib only: no torch, ray, vllm or deepspeed.
 
 from __future__ import annotations
 
+import math
 from array import array
 from functools import lru_cache
 from itertools import islice
 from typing import Any, Iterable, Sequence
 
 from openrlhf_oppo.config import OppoConfig
+from openrlhf_oppo.core import checkpoint
 from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.types import (
     DEFERRAL_BUCKETS,
@@ -51,8 +53,6 @@ from openrlhf_oppo.core.types import (
     TrainSample,
     deferral_bucket,
 )
-
-STATE_VERSION = 1
 
 # Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
 # tens of thousands are made per step.
@@ -170,6 +170,7 @@ class OverlapScheduler:
         self._batch: TrainBatch | None = None
         self._admitted_this_step = 0
         self._needs_restream = False
+        self._ledger = array("q")  # checkpoint.LEDGER_FIELDS per trained group
         # cumulative statistics
         self.admitted_groups_total = 0
         self.trained_groups_total = 0
@@ -181,6 +182,8 @@ class OverlapScheduler:
 
     def begin_step(self, step: int) -> StepPlan:
         """Start ``step``: admit groups up to B + Δ and fix C for this step."""
+        if type(step) is not int:
+            raise TypeError(f"step must be an int, got {step!r}")
         if self._step is not None:
             raise RuntimeError(f"begin_step({step}) while step {self._step} is open; call end_step first")
         if step <= self._last_step:
@@ -253,37 +256,51 @@ class OverlapScheduler:
         steps, and every pass of Python's cyclic GC walks each list item again, while
         arrays are not GC-tracked. With lists, GC pauses cost more than the scheduler.
         """
+        outputs = outputs if isinstance(outputs, (list, tuple)) else list(outputs)
+        _check_version(policy_version)
         samples = self._samples
-        c = self._chunk_size if self._stream else 0  # 0: no chunks before the final one
-        ready: list[ChunkReady] = []
-        add_ready, new_tuple, chunk_ready = ready.append, _new_tuple, ChunkReady  # locals: hot loop
         sample_id = None
-        try:  # subscripts, not .get(): one call fewer per event; an unknown id is reported below
+        try:  # validate every entry before recording any: a rejected call changes nothing
             for sample_id, token_ids, logprobs in outputs:
-                s = samples[sample_id]
+                s = samples[sample_id]  # a subscript, not .get(): an unknown id is reported below
                 if s.finish_reason is not None:
                     raise ValueError(f"sample {sample_id}: tokens after on_finished")
-                k = len(token_ids)
-                if logprobs is not None and len(logprobs) != k:
-                    raise ValueError(f"sample {sample_id}: {k} tokens but {len(logprobs)} logprobs")
-                if k == 0:
-                    continue
-                if s.version != policy_version:
-                    self._start_version_run(s, policy_version)
-                s.token_chunks.append(token_ids)
-                if logprobs is not None or s.logprob_chunks is not None:
-                    self._add_logprobs(s, logprobs)
-                n = s.num_tokens = s.num_tokens + k
-                cut = s.cut
-                if c and n - cut >= c:
-                    while n - cut >= c:
-                        add_ready(new_tuple(chunk_ready, (sample_id, cut, cut + c, False)))
-                        cut += c
-                    s.cut = cut
+                if logprobs is not None and len(logprobs) != len(token_ids):
+                    raise ValueError(f"sample {sample_id}: {len(token_ids)} tokens but {len(logprobs)} logprobs")
+                if not (type(token_ids) is array and token_ids.typecode in _INT_CODES) and not all(
+                    type(t) is int for t in token_ids
+                ):
+                    raise TypeError(f"sample {sample_id}: token ids must be ints, got {list(token_ids)[:8]!r}")
+                if s.version is not None and policy_version < s.version:
+                    raise ValueError(
+                        f"sample {sample_id}: policy_version went back from {s.version} to {policy_version}"
+                    )
         except KeyError:
             if sample_id not in samples:
                 raise self._unknown(sample_id) from None
             raise
+        # 0: no chunks before the final one (not streaming, or a restream after a
+        # checkpoint load is due: it re-sends every held token with the step's C)
+        c = self._chunk_size if self._stream and not self._needs_restream else 0
+        ready: list[ChunkReady] = []
+        add_ready, new_tuple, chunk_ready = ready.append, _new_tuple, ChunkReady  # locals: hot loop
+        for sample_id, token_ids, logprobs in outputs:
+            k = len(token_ids)
+            if k == 0:
+                continue
+            s = samples[sample_id]
+            if s.version != policy_version:
+                self._start_version_run(s, policy_version)
+            s.token_chunks.append(token_ids)
+            if logprobs is not None or s.logprob_chunks is not None:
+                self._add_logprobs(s, logprobs)
+            n = s.num_tokens = s.num_tokens + k
+            cut = s.cut
+            if c and n - cut >= c:
+                while n - cut >= c:
+                    add_ready(new_tuple(chunk_ready, (sample_id, cut, cut + c, False)))
+                    cut += c
+                s.cut = cut
         return ready
 
     @staticmethod
@@ -295,8 +312,6 @@ class OverlapScheduler:
         lps.append(logprobs if logprobs is not None else ())
 
     def _start_version_run(self, s: _Sample, version: int) -> None:
-        if s.version is not None and version < s.version:
-            raise ValueError(f"sample {s.sample_id}: policy_version went back from {s.version} to {version}")
         if s.version_runs:
             s.version_runs += ((s.num_tokens, version),)
         else:
@@ -316,6 +331,8 @@ class OverlapScheduler:
         if not self.scorers:
             self._sample_complete(s)
             return []
+        if self._needs_restream:  # the next plan's restream sends the final chunk
+            return []
         final = _new_tuple(ChunkReady, (sample_id, s.cut, s.num_tokens, True))
         s.cut = s.num_tokens
         return [final]
@@ -323,7 +340,7 @@ class OverlapScheduler:
     def on_scored(self, sample_id: int, scorer: str, upto_token: int, final: bool = False) -> None:
         """A scorer has prefilled the sample's response tokens ``[0, upto_token)``;
         ``final``: it processed the final chunk too (the score is ready)."""
-        self._ack(scorer, ((sample_id, upto_token, upto_token, final),))
+        self._ack(scorer, ((sample_id, 0, upto_token, final),))
 
     def on_scored_many(self, scorer: str, chunks: Iterable[ChunkReady]) -> None:
         """A scorer has processed these chunks (one batched forward), each sample's in order."""
@@ -333,38 +350,38 @@ class OverlapScheduler:
         idx = self._scorer_index.get(scorer)
         if idx is None:
             raise ValueError(f"unknown scorer {scorer!r}; this scheduler's scorers are {self.scorers}")
-        bit = 1 << idx
+        acks = acks if isinstance(acks, (list, tuple)) else list(acks)
         samples = self._samples
         scored = self._scored[idx]
+        upto: dict[int, int] = {}  # acknowledged so far, this call's earlier entries included
         sample_id = None
-        try:  # as in on_tokens_many: subscripts in the loop, an unknown id is reported below
-            for sample_id, _, upto_token, final in acks:
+        try:  # validate every entry before applying any: a rejected call changes nothing
+            for sample_id, start, end, final in acks:
                 s = samples[sample_id]
-                before = scored[sample_id]
-                if upto_token <= s.cut and upto_token >= before:
-                    scored[sample_id] = upto_token
-                else:
+                before = upto.get(sample_id, scored[sample_id])
+                if not start <= before <= end <= s.cut:
                     raise ValueError(
-                        f"sample {sample_id}: {scorer} scored up to {upto_token}, but only [0, {s.cut}) was sent "
-                        f"and {before} already acknowledged"
+                        f"sample {sample_id}: {scorer} acknowledged [{start}, {end}), but [0, {s.cut}) was sent "
+                        f"and [0, {before}) acknowledged; a sample's chunks are acknowledged in order"
                     )
-                if final:
-                    self._ack_final(s, scorer, bit, upto_token)
+                if final and (s.finish_reason is None or end != s.num_tokens):
+                    raise ValueError(
+                        f"sample {sample_id}: {scorer} acknowledged a final chunk ending at {end}, "
+                        f"but the sample has not finished at that token"
+                    )
+                upto[sample_id] = end
         except KeyError:
             if sample_id not in samples:
                 raise self._unknown(sample_id) from None
             raise
-
-    def _ack_final(self, s: _Sample, scorer: str, bit: int, upto_token: int) -> None:
-        if s.finish_reason is None or upto_token != s.num_tokens:
-            raise ValueError(
-                f"sample {s.sample_id}: {scorer} acknowledged a final chunk ending at {upto_token}, "
-                f"but the sample has not finished at that token"
-            )
-        if not s.done_mask & bit:
-            s.done_mask |= bit
-            if s.done_mask == self._all_done:
-                self._sample_complete(s)
+        bit = 1 << idx
+        for sample_id, _, end, final in acks:
+            scored[sample_id] = end
+            s = samples[sample_id]
+            if final and not s.done_mask & bit:
+                s.done_mask |= bit
+                if s.done_mask == self._all_done:
+                    self._sample_complete(s)
 
     def take_batch(self) -> TrainBatch | None:
         """The step's training batch once B groups are complete (and every forced group); else None.
@@ -391,12 +408,12 @@ class OverlapScheduler:
         batch = self._batch
         if batch is None:
             raise RuntimeError(f"end_step({self._step}) before a batch was taken; the step is not done")
+        _check_stats(stats, self._step)
         step = self._step
-        carried_tokens = 0
         samples = self._samples
+        carried_tokens = sum(samples[sid].num_tokens for g in self._groups.values() for sid in g.sample_ids)
         for g in self._groups.values():
             g.deferrals += 1
-            carried_tokens += sum(samples[sid].num_tokens for sid in g.sample_ids)
         hist = {b: 0 for b in DEFERRAL_BUCKETS}
         for tg in batch.groups:
             hist[deferral_bucket(tg.deferrals)] += 1
@@ -468,6 +485,7 @@ class OverlapScheduler:
                 # the sample leaves the scheduler here: hand its lists over, no copy
                 trained.append(_new_tuple(TrainSample, (sid, gid, s.finish_reason, s.token_chunks, lps, runs)))
             groups.append(_new_tuple(TrainGroup, (gid, g.prompt_index, g.admitted_step, g.deferrals, tuple(trained))))
+            self._ledger.extend((gid, g.prompt_index, g.admitted_step, step, g.deferrals))
         self.trained_groups_total += len(groups)
         self.trained_tokens_total += tokens
         self.offpolicy_tokens_total += offpolicy
@@ -530,101 +548,43 @@ class OverlapScheduler:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state between steps: carried groups (tokens, logprobs,
-        policy versions), controllers, data position and counters."""
+        policy versions), controllers, data position, counters and the ledger of
+        trained groups (`openrlhf_oppo.core.checkpoint`)."""
         if self._step is not None:
             raise RuntimeError("state_dict inside a step; checkpoint between end_step and begin_step")
-        return {
-            "version": STATE_VERSION,
-            "batch_groups": self.batch_groups,
-            "samples_per_group": self.samples_per_group,
-            "scorers": list(self.scorers),
-            "next_group_id": self._next_group_id,
-            "next_prompt_index": self._next_prompt_index,
-            "last_step": self._last_step,
-            "delta": self.delta.state_dict(),
-            "chunk": self.chunk.state_dict(),
-            "complete_order": list(self._complete),
-            "groups": [
-                {
-                    "group_id": g.group_id,
-                    "prompt_index": g.prompt_index,
-                    "admitted_step": g.admitted_step,
-                    "deferrals": g.deferrals,
-                    "samples": [
-                        {
-                            "sample_id": s.sample_id,
-                            "tokens": [list(c) for c in s.token_chunks],
-                            "logprobs": [list(c) for c in s.logprob_chunks]
-                            if s.logprob_chunks is not None
-                            else [[] for _ in s.token_chunks],
-                            "version_runs": [list(r) for r in s.version_runs],
-                            "finish_reason": s.finish_reason,
-                        }
-                        for s in map(self._samples.__getitem__, g.sample_ids)
-                    ],
-                }
-                for g in self._groups.values()
-            ],
-            "totals": {
-                "admitted_groups": self.admitted_groups_total,
-                "trained_groups": self.trained_groups_total,
-                "trained_tokens": self.trained_tokens_total,
-                "offpolicy_tokens": self.offpolicy_tokens_total,
-                "deferral_hist": dict(self.deferral_hist_total),
-            },
-        }
+        return checkpoint.dump(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint. Scorer caches do not survive a restart: the next
-        plan's ``restream`` re-sends every held token, and completion waits for the
-        scorers again."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"scheduler checkpoint version {state.get('version')!r}, expected {STATE_VERSION}")
-        for key, mine in (
-            ("batch_groups", self.batch_groups),
-            ("samples_per_group", self.samples_per_group),
-            ("scorers", list(self.scorers)),
-        ):
-            if state[key] != mine:
-                raise ValueError(f"checkpoint was written with {key}={state[key]!r}, this run has {mine!r}")
-        if self._step is not None or self._groups or self._last_step >= 0:
-            raise RuntimeError("load_state_dict on a scheduler that already ran; build a fresh one")
-        self._next_group_id = state["next_group_id"]
-        self._next_prompt_index = state["next_prompt_index"]
-        self._last_step = state["last_step"]
-        self.delta.load_state_dict(state["delta"])
-        self.chunk.load_state_dict(state["chunk"])
-        for gs in state["groups"]:
-            g = _Group(gs["group_id"], gs["prompt_index"], gs["admitted_step"],
-                       tuple(ss["sample_id"] for ss in gs["samples"]))
-            g.deferrals = gs["deferrals"]
-            for ss in gs["samples"]:
-                s = _Sample(ss["sample_id"], g)
-                s.token_chunks = [array("i", c) for c in ss["tokens"]]
-                s.logprob_chunks = [array("d", c) for c in ss["logprobs"]]
-                s.version_runs = tuple((int(a), int(b)) for a, b in ss["version_runs"])
-                s.version = s.version_runs[-1][1] if s.version_runs else None
-                s.num_tokens = sum(len(c) for c in s.token_chunks)
-                s.finish_reason = ss["finish_reason"]
-                self._samples[s.sample_id] = s
-                for acked in self._scored:
-                    acked[s.sample_id] = 0
-            self._groups[g.group_id] = g
-            if not self.scorers:
-                for sid in g.sample_ids:
-                    if self._samples[sid].finish_reason is not None:
-                        self._sample_complete(self._samples[sid])
-        if not self.scorers:
-            # keep the completion order the run had
-            order = [gid for gid in state["complete_order"] if gid in self._complete]
-            self._complete = dict.fromkeys(order)
-        self._needs_restream = bool(self._groups) and bool(self.scorers)
-        totals = state["totals"]
-        self.admitted_groups_total = totals["admitted_groups"]
-        self.trained_groups_total = totals["trained_groups"]
-        self.trained_tokens_total = totals["trained_tokens"]
-        self.offpolicy_tokens_total = totals["offpolicy_tokens"]
-        self.deferral_hist_total = dict(totals["deferral_hist"])
+        """Restore a checkpoint, whole or not at all; a Δ or C this run's flags forbid
+        is clamped with a logged notice. Scorer caches do not survive a restart: the
+        next plan's ``restream`` re-sends every held token, and completion waits for
+        the scorers again."""
+        checkpoint.restore(self, state)
+
+    @property
+    def ledger(self) -> list[tuple[int, ...]]:
+        """One row per trained group: (group id, prompt index, admitted step, trained step, deferrals)."""
+        rows, w = self._ledger, len(checkpoint.LEDGER_FIELDS)
+        return [tuple(rows[i : i + w]) for i in range(0, len(rows), w)]
+
+
+_INT_CODES = frozenset("bBhHiIlLqQ")  # array typecodes of integers
+
+
+def _check_version(version: Any) -> None:
+    if type(version) is not int or version < 0:
+        raise TypeError(f"policy_version must be an int >= 0 (weight syncs so far), got {version!r}")
+
+
+def _check_stats(stats: StepStats, step: int) -> None:
+    if not isinstance(stats, StepStats):
+        raise TypeError(f"end_step({step}) takes a StepStats, got {type(stats).__name__}")
+    if not math.isfinite(stats.mean_reward):
+        raise ValueError(f"step {step}: the batch's mean reward is {stats.mean_reward}; refusing to adapt Δ on it")
+    if type(stats.generated_tokens) is not int or stats.generated_tokens < 0:
+        raise ValueError(f"step {step}: generated_tokens must be an int >= 0, got {stats.generated_tokens!r}")
+    if not (math.isfinite(stats.generation_time_s) and stats.generation_time_s >= 0):
+        raise ValueError(f"step {step}: generation_time_s must be finite and >= 0, got {stats.generation_time_s!r}")
 
 
 @lru_cache(maxsize=256)

@@ -175,7 +175,7 @@ def test_token_policy_versions_and_offpolicy_fraction():
         (lambda s, sid: s.on_tokens(999, [1], None, 0), "unknown sample_id 999"),
         (lambda s, sid: s.on_tokens(sid, [1, 2], [0.0], 0), "2 tokens but 1 logprobs"),
         (lambda s, sid: s.on_scored(sid, "critic", 0), "unknown scorer 'critic'"),
-        (lambda s, sid: s.on_scored(sid, "reward", 1), r"only \[0, 0\) was sent"),
+        (lambda s, sid: s.on_scored(sid, "reward", 1), r"but \[0, 0\) was sent"),
         (lambda s, sid: s.on_finished(sid, "eos"), "finish reason must be one of"),
         (lambda s, sid: s.on_scored(sid, "reward", 0, final=True), "has not finished"),
     ],

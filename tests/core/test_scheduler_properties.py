@@ -4,18 +4,21 @@ A random driver plays engine and scorers: random batch size B, group size n,
 Δ bounds and rule (so Δ changes), chunk size, deferral limit, scorer set,
 response lengths, token deltas, finish order and scorer acknowledgement order,
 and may checkpoint and restore the scheduler between steps. It keeps its own
-record of everything it sent and checks every batch against it.
+record of everything it sent and checks every batch against it. Between any two
+events it may also send a bad call, which must be refused and change nothing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StalenessConfig, StreamingConfig
-from openrlhf_oppo.core import OverlapScheduler, StepStats
+from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats
 
 
 @st.composite
@@ -48,9 +51,10 @@ def setups(draw):
 class Driver:
     """Engine + scorers + bookkeeping of what was sent."""
 
-    def __init__(self, setup, data):
+    def __init__(self, setup, data, freeze=None):
         self.setup = setup
         self.data = data
+        self.freeze = freeze  # set: inject bad calls
         self.sched = self._new_scheduler()
         self.sent_tokens: dict[int, list[int]] = {}
         self.sent_logprobs: dict[int, list[float]] = {}
@@ -130,6 +134,7 @@ class Driver:
             if not actions:
                 break
             action = self.data.draw(st.sampled_from(actions))
+            self.maybe_bad_call(step, live)
             if action.startswith("ack:"):
                 name = action[4:]
                 self.ack_one(name, self.data.draw(st.integers(0, len(self.pending[name]) - 1)))
@@ -155,10 +160,58 @@ class Driver:
                     self.emit(sid, step, plan.chunk_size_tokens)
                 self.finish(sid, plan.chunk_size_tokens)
         self.check_batch(batch, plan, step)
+        self.maybe_bad_call(step, [], batch_taken=True)
         report = sched.end_step(StepStats(mean_reward=self.data.draw(st.floats(-1, 1)), generated_tokens=1, generation_time_s=1.0))
         assert setup["delta"].min <= report.next_delta <= setup["delta"].max
         carried_tokens = sum(len(self.sent_tokens[sid]) for gid in report.carried_groups for sid in self.admitted[gid])
         assert report.carried_tokens == carried_tokens
+
+    def maybe_bad_call(self, step, live, batch_taken=False):
+        """Maybe send one bad call, built from the current state; it must raise and change nothing."""
+        if self.freeze is None or not self.data.draw(st.booleans()):
+            return
+        sched, scorers = self.sched, self.setup["scorers"]
+        finished = [sid for gid in sched.in_flight_groups for sid in self.admitted[gid] if sid in self.finished]
+        ok = [(live[0], [1], None)] if live else []  # a valid entry before the bad one: must not be applied
+        bad = [
+            lambda: sched.on_tokens_many(ok + [(10**9, [1], None)], step),
+            lambda: sched.on_tokens_many(ok + [(ok[0][0] if ok else 10**9, [1.5], None)], step),
+            lambda: sched.on_tokens_many(ok, None),
+            lambda: sched.on_finished(10**9),
+            lambda: sched.begin_step(step + 1),
+        ]
+        if live:
+            bad += [
+                lambda: sched.on_tokens(live[-1], [1, 2], [0.0], step),
+                lambda: sched.on_finished(live[-1], "eos"),
+                lambda: sched.on_tokens(live[-1], [0.5], None, step),
+            ]
+        version = sched._samples[live[-1]].version if live else None
+        if version:  # the sample's tokens so far came from this version: an older one is refused
+            bad.append(lambda: sched.on_tokens(live[-1], [1], None, version - 1))
+        if finished:
+            bad += [lambda: sched.on_tokens(finished[0], [1], None, step), lambda: sched.on_finished(finished[0])]
+        for name in scorers:
+            pending = self.pending[name]
+            if pending:
+                first = pending[0]
+                bad.append(lambda name=name, first=first: sched.on_scored_many(
+                    name, [first, ChunkReady(first.sample_id, first.end, first.end + 10**6, False)]))
+                later = [ch for ch in pending[1:] if ch.sample_id == first.sample_id]
+                if later:  # a later chunk of a sample before its earlier one
+                    bad.append(lambda name=name, ch=later[0]: sched.on_scored_many(name, [ch]))
+            if live:
+                bad.append(lambda name=name: sched.on_scored(live[0], name, 0, final=True))
+        bad.append(lambda: sched.on_scored(next(iter(sched._samples), 0), "no-such-scorer", 0))
+        if batch_taken:
+            bad += [lambda: sched.end_step(StepStats(math.nan, 1, 1.0)), lambda: sched.end_step(StepStats(0.0, -5, 1.0))]
+        elif sched._batch is None:
+            bad.append(lambda: sched.end_step(StepStats(0.0, 1, 1.0)))
+        call = self.data.draw(st.sampled_from(bad))
+        before = self.freeze(sched)
+        with pytest.raises((ValueError, TypeError, RuntimeError)):
+            call()
+        assert self.freeze(sched) == before, "a rejected call changed the scheduler"
 
     def check_batch(self, batch, plan, step):
         setup = self.setup
@@ -197,6 +250,17 @@ class Driver:
 @given(setup=setups(), data=st.data())
 def test_invariants_hold_on_random_event_streams(setup, data):
     d = Driver(setup, data)
+    _run(d, setup, data)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(setup=setups(), data=st.data())
+def test_a_bad_call_anywhere_is_refused_and_changes_nothing(setup, data, frozen):
+    d = Driver(setup, data, freeze=frozen)
+    _run(d, setup, data)
+
+
+def _run(d, setup, data):
     for step in range(setup["steps"]):
         d.run_step(step)
         if setup["checkpoint"] and data.draw(st.booleans()):
