@@ -5,6 +5,7 @@
     openrlhf-oppo plot timeline|compare|lengths RUN_DIR...
     openrlhf-oppo prepare      # build the tiny task's model/tokenizer assets
     openrlhf-oppo config       # resolve and print the OPPO settings
+    openrlhf-oppo ledger check RUN_DIR   # every prompt group trained exactly once or held
 
 Each subcommand lives in `openrlhf_oppo.cli.<name>` and exposes `main(argv) -> int`;
 heavy imports happen inside it, so `openrlhf-oppo bench core` needs no torch.
@@ -21,6 +22,7 @@ SUBCOMMANDS = {
     "plot": ("openrlhf_oppo.bench.plot", "pictures of a run: `timeline` (Gantt), `compare` (two runs), `lengths`"),
     "config": ("openrlhf_oppo.cli.config", "resolve, validate and print the OPPO settings (YAML + --oppo.* flags)"),
     "prepare": ("openrlhf_oppo.cli.prepare", "build the tiny task's tokenizer, models and prompts locally"),
+    "ledger": ("openrlhf_oppo.cli.ledger", "`check RUN_DIR`: every prompt group trained exactly once or still held"),
 }
 
 

@@ -24,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="tiny-task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")
     p.add_argument("--output", default=None, help="run directory (default: runs/<config>-<schedule>)")
     p.add_argument("--timeout-s", type=float, default=None, help="end the run (exit 124) after this many seconds")
+    p.add_argument("--skip-input-checks", action="store_true",
+                   help="skip the dataset, prompt-length and tokenizer checks before launch (flag checks still run)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
     return p
 
@@ -56,7 +58,7 @@ def main(argv: list[str]) -> int:
 def run(argv: list[str]):
     """`main` returning the launcher's RunResult (exit code, wall time, run paths)."""
     args = _parser().parse_args(argv)
-    from openrlhf_oppo.integrations import launcher, schedules, yaml_config
+    from openrlhf_oppo.integrations import launcher, preflight, schedules, yaml_config
 
     schedule = schedules.check(args.schedule)
     config = yaml_config.load(args.config)
@@ -69,6 +71,8 @@ def run(argv: list[str]):
 
         train_ppo_ray.check_flags([*yaml_config.to_argv(flags), *args.extra], oppo_cfg)
         oppo_argv = to_cli_args(oppo_cfg)
+    extra = [*oppo_argv, *args.extra]
+    preflight.check_config(flags, extra, oppo=oppo_cfg is not None)  # before anything is built or started
     task_defaults, tokenizer_json = _task_flags(
         flags, args.assets or config.task.get("assets"), config.task.get("variant", "tiny")
     )
@@ -77,9 +81,14 @@ def run(argv: list[str]):
 
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.config).stem)
     paths = launcher.RunPaths(Path(args.output or f"runs/{stem}-{args.schedule}").resolve())
+    if args.skip_input_checks:
+        paths.preflight.unlink(missing_ok=True)
+        print("openrlhf-oppo train: input checks skipped (--skip-input-checks)", flush=True)
+    else:
+        preflight.check_inputs(flags, extra, paths.preflight, oppo=oppo_cfg is not None)
     probe_ids = launcher.probe_prompt_ids(tokenizer_json) if tokenizer_json else None
     result = launcher.launch(
-        flags, paths, [*oppo_argv, *args.extra], probe_ids, timeout_s=args.timeout_s,
+        flags, paths, extra, probe_ids, timeout_s=args.timeout_s,
         entry_module=schedule.entry_module,
     )
 

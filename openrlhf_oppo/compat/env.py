@@ -9,6 +9,7 @@ from pathlib import Path
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 ENABLE_VAR = "OPPO_COMPAT"  # "1": the sitecustomize installs the patches in that process
+# per-user project cache: the tiny task, and the compile caches of every run (compat.caches)
 CACHE_DIR = Path(os.environ.get("OPPO_CACHE_DIR", "~/.cache/openrlhf_oppo")).expanduser()
 
 # Logical resources declared to Ray. OpenRLHF 0.11.2's train_ppo_ray calls
@@ -38,8 +39,6 @@ def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
         # vLLM CPU otherwise reads gpu_memory_utilization as a share of host RAM
         # (0.5 -> 11 GB reserved, 30 s init); 1 GiB of KV cache is plenty here.
         "VLLM_CPU_KVCACHE_SPACE": base.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        # DeepSpeed JIT-builds its CPU ops (shm comm, CPU Adam) on first use: cache them.
-        "TORCH_EXTENSIONS_DIR": base.get("TORCH_EXTENSIONS_DIR", str(CACHE_DIR / "torch_extensions")),
         # 2 cores: keep each process from spawning a thread per core times many processes.
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),
         "TOKENIZERS_PARALLELISM": base.get("TOKENIZERS_PARALLELISM", "false"),

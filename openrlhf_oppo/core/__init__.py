@@ -3,6 +3,7 @@
 The same code is driven by the tests, the simulator and the OpenRLHF adapter on Ray.
 """
 
+from openrlhf_oppo.core import ledger
 from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.scheduler import OverlapScheduler
 from openrlhf_oppo.core.types import (
@@ -28,4 +29,5 @@ __all__ = [
     "TrainBatch",
     "TrainGroup",
     "TrainSample",
+    "ledger",
 ]

@@ -24,6 +24,7 @@ Two records, both checked here (stdlib only):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -56,6 +57,14 @@ class LedgerReport:
             f"checkpoints at steps {self.checkpoints or 'none'}",
         ]
         return "\n".join(lines + [f"  - {p}" for p in self.problems[:50]])
+
+
+def append_event(path: str | Path, event: dict[str, Any]) -> None:
+    """One event per line, written and flushed whole (a kill cuts at most the last line)."""
+    with open(path, "a") as fh:
+        fh.write(json.dumps(event) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def check_state(state: dict[str, Any]) -> list[str]:

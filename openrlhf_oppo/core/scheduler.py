@@ -383,6 +383,27 @@ class OverlapScheduler:
                 if s.done_mask == self._all_done:
                     self._sample_complete(s)
 
+    def rescore(self, scorer: str, sample_ids: Iterable[int]) -> list[ChunkReady]:
+        """A scorer lost its state (its actor restarted): forget what it acknowledged for
+        these held samples and return one chunk per sample re-sending every token cut so
+        far (final if the sample finished). Completion waits for the scorer again."""
+        idx = self._scorer_index.get(scorer)
+        if idx is None:
+            raise ValueError(f"unknown scorer {scorer!r}; this scheduler's scorers are {self.scorers}")
+        chosen = [self._sample(sid) for sid in dict.fromkeys(sample_ids)]  # validates every id first
+        bit, scored, chunks = 1 << idx, self._scored[idx], []
+        for s in chosen:
+            scored[s.sample_id] = 0
+            if s.done_mask & bit:
+                if s.done_mask == self._all_done:  # complete no more
+                    g = s.group
+                    g.pending += 1
+                    self._complete.pop(g.group_id, None)
+                s.done_mask &= ~bit
+            if s.finish_reason is not None or s.cut:
+                chunks.append(_new_tuple(ChunkReady, (s.sample_id, 0, s.cut, s.finish_reason is not None)))
+        return chunks
+
     def take_batch(self) -> TrainBatch | None:
         """The step's training batch once B groups are complete (and every forced group); else None.
 

@@ -6,6 +6,8 @@ a local Ray cluster under it, and when it ends everything left in that session
 (raylet, workers, vLLM engine processes) is ended, so no zombies outlive a run.
 Where CUDA is absent the child gets `openrlhf_oppo.compat.launch_env()` (the
 sitecustomize that patches every process of the run, logical GPUs for Ray, ...).
+On any hardware its compile caches live in the project cache, and entries an
+interrupted compile left broken are removed before it starts (`compat.caches`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from openrlhf_oppo import compat, timeline
-from openrlhf_oppo.compat import weight_sync
+from openrlhf_oppo.compat import caches, weight_sync
+from openrlhf_oppo.core import ledger
 from openrlhf_oppo.integrations import seeding
 from openrlhf_oppo.integrations.openrlhf_flags import TRAIN_MODULE
 from openrlhf_oppo.integrations.yaml_config import to_argv
@@ -64,12 +67,20 @@ class RunPaths:
         return self.root / "oppo_trace.jsonl"  # admitted / trained / carried per step (OPPO schedules)
 
     @property
+    def ledger(self) -> Path:
+        return self.root / ledger.LEDGER_FILE  # admitted / trained / held groups per step, across restarts
+
+    @property
     def timeline(self) -> Path:
         return self.root / "timeline"  # spans of every stage on every worker (openrlhf_oppo.timeline)
 
     @property
     def rollouts(self) -> Path:
         return self.root / "rollouts.jsonl"  # each step's trained samples (every schedule)
+
+    @property
+    def preflight(self) -> Path:
+        return self.root / "preflight.json"  # input checks before launch (integrations.preflight)
 
 
 @dataclass(frozen=True)
@@ -98,12 +109,14 @@ def probe_prompt_ids(tokenizer_json: Path) -> list[int]:
 def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(compat.launch_env(env))
+    env.update(caches.cache_env(env))
     # the site hook records OpenRLHF's stages on the timeline, on any hardware
     pythonpath = [str(compat.SITE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
     env[timeline.TIMELINE_ENV] = str(paths.timeline)
     env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
     env["OPPO_TRACE_JSONL"] = str(paths.oppo_trace)
+    env[ledger.LEDGER_ENV] = str(paths.ledger)  # appended across restarts: never cleared here
     env[seeding.ROLLOUTS_ENV] = str(paths.rollouts)
     if probe_ids:
         env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
@@ -137,19 +150,25 @@ def launch(
     argv = [sys.executable, "-m", entry_module, *to_argv(flags), *extra_argv]
     (paths.root / "command.json").write_text(json.dumps(argv, indent=1))
     print("openrlhf-oppo train: " + " ".join(argv[1:]), flush=True)
-    start = time.monotonic()
-    child = subprocess.Popen(argv, env=child_env(paths, flags, probe_ids), start_new_session=True)
-    try:
-        returncode = child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        print(f"openrlhf-oppo train: no result after {timeout_s:.0f}s; ending the run", flush=True)
-        returncode = TIMEOUT_RETURNCODE
-    except KeyboardInterrupt:
-        child.send_signal(signal.SIGINT)
-        returncode = child.wait()
-    finally:
-        _end_session(child.pid)
+    env = child_env(paths, flags, probe_ids)
+    with caches.in_use(env, log=_log):  # held until the session is ended
+        start = time.monotonic()
+        child = subprocess.Popen(argv, env=env, start_new_session=True)
+        try:
+            returncode = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _log(f"no result after {timeout_s:.0f}s; ending the run")
+            returncode = TIMEOUT_RETURNCODE
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
+            returncode = child.wait()
+        finally:
+            _end_session(child.pid)
     return RunResult(returncode=returncode, wall_s=time.monotonic() - start, paths=paths)
+
+
+def _log(line: str) -> None:
+    print(f"openrlhf-oppo train: {line}", flush=True)
 
 
 def _end_session(session_id: int, grace_s: float = 5.0) -> None:

@@ -5,16 +5,20 @@ imported; we read the `parser.add_argument(...)` calls from the module's source
 with `ast` (no import, no torch/ray/vllm), expanding the
 `for prefix in ("actor", "critic"): parser.add_argument(f"--{prefix}.optim", ...)`
 loop. This gives the YAML translator a table to validate keys against, in the
-same place where an upstream rename would show up.
+same place where an upstream rename would show up. The literal defaults, types,
+`nargs` and `choices` are read too, so `resolve` gives the values OpenRLHF's parser would
+(the launcher's input checks read them before anything starts).
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 OPENRLHF_VERSION = "0.11.2"
 TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -24,6 +28,10 @@ TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 class Flag:
     name: str  # dotted, without the leading "--": "train.async_enable"
     kind: str  # "bool" (store_true), "negated" (store_false), "list" (nargs), "value"
+    default: Any = None  # the literal default (None where it is not a literal)
+    type: str | None = None  # "int", "float", "str" (type=...)
+    nargs: Any = None
+    choices: tuple | None = None
 
 
 def train_module_source() -> str:
@@ -48,6 +56,20 @@ def _string_values(node: ast.AST, loop_vars: dict[str, tuple[str, ...]]) -> list
                 return []
         return results
     return []
+
+
+def _literal(node: ast.AST | None) -> Any:
+    """A literal (or `int(1e8)`-like) default; None where it is computed."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float"):
+        node, cast = (node.args[0] if node.args else None), {"int": int, "float": float}[node.func.id]
+        value = _literal(node)
+        return None if value is None else cast(value)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        return None
 
 
 def _kind(call: ast.Call) -> str:
@@ -77,8 +99,12 @@ def parse_flags(source: str) -> dict[str, Flag]:
         ):
             for text in _string_values(node.args[0], loop_vars):
                 if text.startswith("--"):
-                    name = text[2:]
-                    flags[name] = Flag(name, _kind(node))
+                    name, kw = text[2:], {k.arg: k.value for k in node.keywords}
+                    tp = kw.get("type")
+                    choices = _literal(kw.get("choices"))
+                    flags[name] = Flag(name, _kind(node), _literal(kw.get("default")),
+                                       tp.id if isinstance(tp, ast.Name) else None, _literal(kw.get("nargs")),
+                                       tuple(choices) if isinstance(choices, (list, tuple)) else None)
         for child in ast.iter_child_nodes(node):
             visit(child, loop_vars)
 
@@ -95,3 +121,30 @@ def train_flags() -> dict[str, Flag]:
 def namespaces(flags: dict[str, Flag]) -> list[str]:
     """Top-level groups of the dotted flags: actor, critic, ds, train, vllm, ..."""
     return sorted({name.split(".", 1)[0] for name in flags if "." in name})
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ValueError(message)
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(add_help=False)
+    types = {"int": int, "float": float}
+    for f in train_flags().values():
+        if f.kind in ("bool", "negated"):
+            default = (f.kind == "negated") if f.default is None else f.default
+            parser.add_argument(f"--{f.name}", dest=f.name, default=default,
+                                action="store_true" if f.kind == "bool" else "store_false")
+        else:
+            parser.add_argument(f"--{f.name}", dest=f.name, default=f.default, type=types.get(f.type, str),
+                                nargs=f.nargs if f.kind == "list" else None, choices=f.choices)
+    return parser
+
+
+def resolve(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """What OpenRLHF's parser makes of `argv`: ({dotted flag: value}, what it does not know).
+    ValueError naming the flag for a bad value."""
+    namespace, unknown = _parser().parse_known_args(argv)
+    return vars(namespace), unknown

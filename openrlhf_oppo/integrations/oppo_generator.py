@@ -23,7 +23,9 @@ old logprobs, reference logprobs and values on the full sequences at training ti
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import time
 from typing import Any
@@ -36,17 +38,19 @@ from vllm import SamplingParams
 
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import timeline
-from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch
+from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch, ledger
 from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
 from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
 from openrlhf_oppo.integrations.oppo_trace import write_trace
 from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
-from openrlhf_oppo.integrations import timeline_hooks
+from openrlhf_oppo.integrations import faults, timeline_hooks
 
 CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
 TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
 REWARD = "reward"
 POLL_S = 1.0  # an engine answers `next_outputs` when it has a chunk or a finished sample, or after this long
+SCORER_RESTARTS = 3  # Ray restarts a dead reward actor this often; more deaths in one step fail the run
+SCORER_RESTART_TIMEOUT_S = 300.0  # a restarted reward actor reloads its model
 NO_CHUNKS = 1 << 30  # wake threshold when nothing is streamed: only finished samples wake the driver
 
 
@@ -102,8 +106,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         # as many, one GPU each (a logical one where the CPU compat layer declares them).
         num_scorers = max(1, args.reward.num_nodes * args.reward.num_gpus_per_node) if self.streaming else 0
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        # a reward actor that dies is restarted by Ray; its held samples are re-prefilled (`_restart_scorer`)
         self.reward_actors = [
-            StreamingRewardRayActor.options(num_cpus=0, num_gpus=gpus).remote(
+            StreamingRewardRayActor.options(num_cpus=0, num_gpus=gpus, max_restarts=SCORER_RESTARTS).remote(
                 args.reward.model_name_or_path,
                 self.oppo.streaming.kv_budget_tokens,
                 bool(args.reward.normalize_enable),
@@ -130,7 +135,13 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step_overlap_tokens = [0, 0]  # response tokens whose prefill finished before / not before their sample
         self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
         self.paused = False  # engines paused for the weight sync under way
+        self.scorer_restarts = 0  # this step
+        self.step_reward_calls = 0
+        self.reward_faults = faults.planned("reward")
         self.trace_path = os.environ.get(TRACE_ENV)
+        self.ledger_path = os.environ.get(ledger.LEDGER_ENV)
+        self.ledger_started = False
+        self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted this step
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True)
 
     # ------------------------------------------------------------------ a step
@@ -146,6 +157,10 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     def _generate_step(self, generate_kwargs):
         self.step_started_s = time.time()
+        if not self.ledger_started:  # after any checkpoint load: the run (re)starts here
+            self._ledger_event("start", last_step=self.step - 1, held=list(self.scheduler.in_flight_groups),
+                               next_group_id=self.scheduler.next_prompt_index, per_pass=len(self.prompts_dataloader))
+            self.ledger_started = True
         plan = self.scheduler.begin_step(self.step)
         self.step_overlap_tokens = [0, 0]
         self._admit(plan, generate_kwargs)
@@ -175,7 +190,9 @@ class OppoSamplesGenerator(SamplesGenerator):
             "oppo/generated_tokens": float(self.step_generated_tokens),
             "oppo/policy_version": float(self.step),
             "oppo/overlap_fraction": before / max(before + at_end, 1),
+            "oppo/scorer_restarts": float(self.scorer_restarts),
         }
+        self.scorer_restarts = self.step_reward_calls = 0
         if self.reward_actors:
             # reward calls acknowledged by now; busy time summed over actors, clipped to the phase
             end = self.step_started_s + self.step_gen_s
@@ -184,6 +201,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
         if self.trace_path:
             write_trace(self.trace_path, self.scheduler, batch, report, self.prompts, self.scores)
+        self._ledger_event("step", step=report.step, admitted=self.step_admitted,
+                           trained=[[g.group_id, g.deferrals] for g in batch.groups], held=list(report.carried_groups))
         for g in batch.groups:  # trained: nothing of it is needed again
             del self.prompts[g.group_id]
             self.engine_of.pop(g.group_id, None)
@@ -222,6 +241,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             return params.max_tokens if params.max_tokens is not None else max(1, max_len - prompt_len)
 
         per_engine: dict[int, list[SampleRequest]] = {}
+        self.step_admitted = []
         opens: dict[int, dict[int, list[int]]] = {}
 
         def route(gid: int, sid: int, prompt_ids: list[int], held: list[int] | None, seed: int | None) -> None:
@@ -245,6 +265,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
             ids = ids[-max(1, max_len - budget(len(ids))):]  # as OpenRLHF's executor truncates long prompts
             self.prompts[group.group_id] = (prompt, label, ids)
+            digest = hashlib.sha1(prompt.encode()).hexdigest()[:12]
+            self.step_admitted.append([group.group_id, group.prompt_index, digest])
             place(group.group_id)
             for j, sid in enumerate(group.sample_ids):
                 route(group.group_id, sid, ids, [], self._seed(slot, prompt, j))
@@ -316,6 +338,11 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.step_overlap_tokens[1] += sum(map(len, finishes.values()))
             ahead = {sid: len(toks) for sid, toks in extends.items()}
             self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), idx, sent, ahead))
+            self.step_reward_calls += 1
+            if self.step in self.reward_faults and self.step_reward_calls == faults.reward_kill_point(self.step):
+                self.reward_faults.discard(self.step)
+                print(f"OPPO fault injection: killing reward actor {idx} in step {self.step}", flush=True)
+                ray.kill(self.reward_actors[idx], no_restart=False)
 
     def _collect_scores(self) -> None:
         """Acknowledge finished reward calls, in submission order per actor: a sample's
@@ -325,10 +352,18 @@ class OppoSamplesGenerator(SamplesGenerator):
         refs = [ref for ref, *_ in self.pending]
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         blocked: set[int] = set()  # actors with an earlier call still running
+        died: set[int] = set()  # actors whose call failed: everything they held is sent again
         still = []
         for ref, idx, sent, ahead in self.pending:
+            if idx in died:
+                continue
             if ref in ready and idx not in blocked:
-                reply = ray.get(ref)
+                try:
+                    reply = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    died.add(idx)
+                    print(f"OPPO: reward actor {idx} died in step {self.step} ({type(exc).__name__})", flush=True)
+                    continue
                 self.scores.update(reply.scores)
                 self.scorer_busy.append((reply.start_s, reply.end_s))
                 self.scheduler.on_scored_many(REWARD, sent)
@@ -340,12 +375,44 @@ class OppoSamplesGenerator(SamplesGenerator):
             else:
                 blocked.add(idx)
                 still.append((ref, idx, sent, ahead))
-        self.pending = still
+        self.pending = [p for p in still if p[1] not in died]
+        for idx in died:
+            self._restart_scorer(idx)
+
+    def _restart_scorer(self, idx: int) -> None:
+        """Ray restarts a dead reward actor empty: reopen its held samples and re-send
+        every token the scheduler recorded for them; their scores are computed anew."""
+        self.scorer_restarts += 1
+        if self.scorer_restarts > SCORER_RESTARTS:
+            raise RuntimeError(f"OPPO: reward actor {idx} died {self.scorer_restarts} times in step {self.step}; giving up")
+        sched = self.scheduler
+        held = [sid for gid in sched.in_flight_groups for sid in sched.group_sample_ids(gid)
+                if sid % len(self.reward_actors) == idx]
+        opens = {sid: self.prompts[sched.group_of(sid)][2] for sid in held}
+        deadline = time.time() + SCORER_RESTART_TIMEOUT_S
+        while True:  # calls made while Ray restarts the actor fail with ActorUnavailableError: wait for it
+            try:
+                ray.get(self.reward_actors[idx].open_many.remote(opens))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"OPPO: reward actor {idx} did not come back within "
+                                       f"{SCORER_RESTART_TIMEOUT_S:.0f}s of its death in step {self.step}") from None
+                time.sleep(0.5)
+        for sid in held:
+            self.scores.pop(sid, None)
+        chunks = sched.rescore(REWARD, held)
+        print(f"OPPO: reward actor {idx} restarted; re-prefilling {len(held)} held samples "
+              f"({sum(c.end for c in chunks)} tokens) from their recorded tokens", flush=True)
+        self._dispatch(chunks)
 
     def _experience(self, group, sample, generate_kwargs):
         prompt, label, prompt_ids = self.prompts[group.group_id]
         tokens = sample.token_ids
         reward = self.scores[sample.sample_id] if self.streaming else None  # None: OpenRLHF's reward forward
+        if reward is not None and not math.isfinite(reward):
+            raise ValueError(f"OPPO step {self.step}: the reward model scored sample {sample.sample_id} "
+                             f"(group {group.group_id}, {len(tokens)} response tokens) {reward}; refusing to train on it")
         response = {
             "prompt": prompt,
             "label": label,
@@ -379,6 +446,20 @@ class OppoSamplesGenerator(SamplesGenerator):
             with timeline.RECORDER.timed("driver", "resume"):
                 ray.get([e.resume_generation.remote() for e in self.vllm_engines])
             self.paused = False
+
+    @property
+    def batch_sample_ids(self) -> list[int] | None:
+        """The open batch's sample ids in the order its experiences were handed to OpenRLHF."""
+        if self.open_batch is None:
+            return None
+        return [s.sample_id for g in sorted(self.open_batch.groups, key=lambda g: g.prompt_index) for s in g.samples]
+
+    def ledger_checkpoint(self) -> None:
+        self._ledger_event("checkpoint", step=self.step - 1)
+
+    def _ledger_event(self, event: str, **fields) -> None:
+        if self.ledger_path:
+            ledger.append_event(self.ledger_path, {"event": event, **fields})
 
     # ---------------------------------------------------------------- checkpoint
 

@@ -12,7 +12,10 @@ runs; both are looked up by name at call time there:
      merges the `oppo/*` metrics into the status OpenRLHF logs to wandb /
      TensorBoard (and appends them to a JSONL file),
    - keeps the scheduler's state (carried groups with tokens, logprobs, versions;
-     Δ, C; prompt-stream position) in OpenRLHF's checkpoint `client_states`.
+     Δ, C; prompt-stream position; the ledger of trained groups) in OpenRLHF's
+     checkpoint `client_states`,
+   - refuses to train on NaN/inf values, rewards, log-probs or losses, or on a
+     response without tokens (`guards`), naming the step and samples.
 2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
 
 (Ray copies an actor class's methods when it wraps it, so patching
@@ -29,6 +32,7 @@ import ray
 from openrlhf.trainer import ppo_trainer as _ppo_trainer
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
+from openrlhf_oppo.integrations import faults, guards
 from openrlhf_oppo.integrations.oppo_generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.oppo_rollout import OppoRolloutRayActor
 
@@ -46,6 +50,18 @@ class OppoPPOTrainerImpl(_BASE):
         self.samples_generator = OppoSamplesGenerator(
             base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines
         )
+        make_experience_batch = self.experience_maker.make_experience_batch
+
+        def checked_experience_batch(rollout_samples):
+            # between OpenRLHF's forwards and its PPO update: no NaN, no empty response is trained on
+            experiences = make_experience_batch(rollout_samples)
+            gen = self.samples_generator
+            fixed_split = not self.args.train.dynamic_batch_enable
+            guards.check_experiences(experiences, gen.step, gen.batch_sample_ids,
+                                     self.args.rollout.micro_batch_size if fixed_split else None)
+            return experiences
+
+        self.experience_maker.make_experience_batch = checked_experience_batch
 
     def broadcast_to_vllm(self) -> None:
         self.samples_generator.pause_for_weight_sync()
@@ -56,6 +72,7 @@ class OppoPPOTrainerImpl(_BASE):
 
     def train_step(self, rollout_samples, global_step: int):
         status, step = super().train_step(rollout_samples, global_step)
+        guards.check_losses(status, self.samples_generator.step)
         # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
         status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]))
         path = os.environ.get(METRICS_JSONL_ENV)
@@ -67,11 +84,16 @@ class OppoPPOTrainerImpl(_BASE):
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         client_states = dict(client_states or {})
-        if global_step % self.args.ckpt.save_steps == 0:  # OpenRLHF's own save condition (inf: never)
+        saving = global_step % self.args.ckpt.save_steps == 0  # OpenRLHF's own save condition (inf: never)
+        if saving:
             client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
         # the generator reads the dataloader ahead (B+Δ groups); between steps its
         # position is the scheduler's next_prompt_index, as OpenRLHF's own state says
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        if saving:  # written: a resume may start after this step
+            self.samples_generator.ledger_checkpoint()
+            if self.samples_generator.step - 1 in faults.planned("driver"):
+                faults.kill_this_process(f"the trainer after step {self.samples_generator.step - 1}'s checkpoint")
 
     def restore_best_checkpoint_state(self, checkpoint_states) -> None:
         super().restore_best_checkpoint_state(checkpoint_states)

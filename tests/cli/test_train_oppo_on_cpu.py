@@ -191,5 +191,12 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
             assert samples_b[int(sid)]["tokens"][: len(held)] == held
     assert {g for g in at_checkpoint["carried_groups"]} <= {g["group_id"] for row in trace_b for g in row["trained"]} | in_flight
 
+    # the ledger of A then B (a restart after A's step 1) accounts for every group
+    from openrlhf_oppo.core import ledger
+
+    events = ledger.read_events(run_a.root / "ledger.jsonl") + ledger.read_events(run_b.root / "ledger.jsonl")
+    report = ledger.check_events(events)
+    assert report.ok and report.restarts == 1, report.summary()
+
     # group ids are stream positions, so the check above also says B admitted from A's
     # position on, skipping and repeating none (position -> prompt: prompt_index_at)

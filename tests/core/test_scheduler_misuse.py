@@ -197,3 +197,18 @@ def test_the_checkpoints_ledger_lists_every_trained_group_once():
     resumed.end_step(stats())
     assert resumed.ledger == [(0, 0, 0, 0, 0), (1, 1, 0, 1, 1)]
     assert check_state(resumed.state_dict()) == []
+
+
+def test_a_restarted_scorer_gets_every_held_token_again_and_completion_waits_for_it(frozen):
+    sched = scheduler(B=1, delta=1)
+    plan = sched.begin_step(0)
+    done, partial = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
+    sched.on_scored_many("reward", sched.on_tokens(done, [1, 2, 3], None, 0) + sched.on_finished(done))
+    sched.on_scored_many("reward", sched.on_tokens(partial, [4, 5, 6], None, 0))
+    rejected(sched, frozen, ValueError, "unknown sample_id 99", lambda: sched.rescore("reward", [done, 99]))
+    chunks = sched.rescore("reward", [done, partial])
+    assert [(c.sample_id, c.start, c.end, c.final) for c in chunks] == [(done, 0, 3, True), (partial, 0, 2, False)]
+    assert sched.take_batch() is None  # the finished sample's score is gone with the scorer
+    sched.on_scored_many("reward", chunks)
+    batch = sched.take_batch()
+    assert [s.token_ids for g in batch.groups for s in g.samples] == [[1, 2, 3]]

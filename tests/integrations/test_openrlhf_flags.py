@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from openrlhf_oppo.integrations.openrlhf_flags import namespaces, parse_flags, train_flags
+import pytest
+
+from openrlhf_oppo.integrations.openrlhf_flags import namespaces, parse_flags, resolve, train_flags
 
 
 def test_flags_the_schedules_and_tiny_config_rely_on_exist_upstream():
@@ -29,3 +31,14 @@ for prefix in ("actor", "critic"):
         "actor.lr": "value",
         "critic.lr": "value",
     }
+
+
+def test_resolve_gives_openrlhfs_defaults_types_and_actions():
+    values, unknown = resolve(["--rollout.batch_size", "3", "--train.async_enable", "--oppo.delta.max", "2"])
+    assert values["rollout.batch_size"] == 3
+    assert (values["train.async_enable"], values["train.partial_rollout_enable"]) == (True, False)
+    assert (values["data.max_len"], values["rollout.max_new_tokens"]) == (2048, None)
+    assert values["data.max_samples"] == int(1e8)
+    assert values["actor.adam.betas"] == (0.9, 0.95) and unknown == ["--oppo.delta.max", "2"]
+    with pytest.raises(ValueError, match=r"argument --algo.advantage.estimator: invalid choice: 'foo'"):
+        resolve(["--algo.advantage.estimator", "foo"])

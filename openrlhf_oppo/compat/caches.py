@@ -1,0 +1,249 @@
+"""Compile caches of a run: where they live, and what is removed before a run starts.
+
+TorchInductor, Triton, DeepSpeed's JIT-built ops (`torch.utils.cpp_extension`) and
+vLLM's compile cache live in a per-user project cache (`CACHE_DIR`), not in the
+shared system temp dir, and every process of a run gets the variables (`cache_env`).
+
+TorchInductor links a kernel straight to its final path (`g++ ... -o <key>.main.so`)
+and later trusts any file at that path, so a run ended mid-compile can leave a
+zero-byte or truncated `.so` that breaks every later run needing that kernel.
+`in_use` (called by the launcher) removes such entries first (`validate`), while no
+other run uses the cache, and holds the cache for the run.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import struct
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from openrlhf_oppo.compat.env import CACHE_DIR
+
+# variable -> folder under the project cache
+CACHE_VARS = {
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",  # DeepSpeed's JIT-built CPU ops
+    "VLLM_CACHE_ROOT": "vllm",  # torch_compile_cache/ (redirects Inductor and Triton there)
+}
+RUN_LOCK = "run.lock"  # shared while a run uses the cache, exclusive while validating
+
+_ELF_SUFFIXES = (".so", ".o")
+_TMP_FILE = re.compile(r"\.(\d+)(?:\.\d+)?\.tmp$")  # Inductor `.{pid}.{tid}.tmp`, vLLM `<file>.{pid}.tmp`
+_TMP_DIR = re.compile(r"^tmp\.pid_(\d+)_")  # Triton's `tmp.pid_{pid}_{uuid}` staging dirs
+_BUILD_DIR_SUFFIX = "_CxxBuild"  # Inductor's per-kernel compile cwd, removed after a finished build
+_BATON = "lock"  # torch.utils.file_baton: cpp_extension builds wait while this file exists
+
+
+@dataclass(frozen=True)
+class Removed:
+    path: Path
+    reason: str
+
+
+def cache_env(base: Mapping[str, str], root: Path | None = None) -> dict[str, str]:
+    """The cache variables for every process of a run; a value set in `base` wins,
+    except TorchInductor's default temp dir, which torch writes into `os.environ`
+    itself (so its presence does not mean anyone chose it)."""
+    root = CACHE_DIR if root is None else Path(root)
+    env = {var: str(root / name) for var, name in CACHE_VARS.items()}
+    for var in CACHE_VARS:
+        value = base.get(var)
+        if value and not (var == "TORCHINDUCTOR_CACHE_DIR" and _is_inductor_default(value)):
+            env[var] = value
+    return env
+
+
+def cache_dirs(env: Mapping[str, str], root: Path | None = None) -> list[Path]:
+    """The run's cache dirs that `validate` may clean: those inside the project cache
+    (a dir the user named elsewhere is left as it is)."""
+    root = (CACHE_DIR if root is None else Path(root)).resolve()
+    dirs = []
+    for var in CACHE_VARS:
+        if env.get(var):
+            path = Path(env[var]).resolve()
+            if path.is_relative_to(root) and path not in dirs:
+                dirs.append(path)
+    return dirs
+
+
+@contextlib.contextmanager
+def in_use(env: Mapping[str, str], root: Path | None = None, log: Callable[[str], None] = print) -> Iterator[None]:
+    """Validate the run's cache dirs unless another run is using the cache, then hold
+    the cache (shared) until the block ends."""
+    root = CACHE_DIR if root is None else Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        log(f"cache: not validated ({root / RUN_LOCK}: {e.strerror})")
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"cache: not validated, another run is using {root}")
+        else:
+            validate(cache_dirs(env, root), log)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def validate(dirs: list[Path], log: Callable[[str], None] = print) -> list[Removed]:
+    """Remove the entries of `dirs` that an interrupted writer leaves broken:
+    zero-byte files, `.so` / `.o` files that are not whole ELF files, `.gch` files that
+    are not precompiled headers, an unparsable `vllm_compile_cache.py`, temp files and
+    dirs of writers that are gone, and stale `cpp_extension` build batons. One log
+    line per removed entry. Stat-based; reads only headers (and vLLM's small index)."""
+    removed = []
+    for root in dirs:
+        if root.is_dir():
+            for path, reason in _broken(root):
+                try:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    log(f"cache: could not remove {path} ({reason}): {e.strerror}")
+                    continue
+                log(f"cache: removed {path} ({reason})")
+                removed.append(Removed(path, reason))
+    return removed
+
+
+def _broken(root: Path) -> Iterator[tuple[Path, str]]:
+    stack = [root]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                entries = list(entries)
+        except OSError:
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                reason = _broken_dir(path)
+                if reason:
+                    yield path, reason
+                else:
+                    stack.append(path)
+            elif entry.is_file(follow_symlinks=False):
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+                reason = _broken_file(path, size)
+                if reason and not _compile_in_progress(path):
+                    yield path, reason
+
+
+def _broken_dir(path: Path) -> str | None:
+    if m := _TMP_DIR.match(path.name):
+        return None if _pid_alive(int(m.group(1))) else f"temp dir of a writer that is gone (pid {m.group(1)})"
+    if path.name.endswith(_BUILD_DIR_SUFFIX) and not _compile_in_progress(path):
+        return "build dir of an unfinished compile"
+    return None
+
+
+def _broken_file(path: Path, size: int) -> str | None:
+    name = path.name
+    if m := _TMP_FILE.search(name):
+        return None if _pid_alive(int(m.group(1))) else f"temp file of a writer that is gone (pid {m.group(1)})"
+    if name == _BATON:
+        return "stale build lock (no run is building)"
+    if name.endswith(".lock"):
+        return None  # fcntl locks (torch's FileLock): the kernel releases them with their holder
+    if size == 0:
+        return "zero-byte file"
+    if name.endswith(_ELF_SUFFIXES) and sys.platform.startswith("linux"):
+        return _elf_problem(path, size)
+    if name.endswith(".gch"):
+        return None if _head(path, 4) == b"gpch" else "not a GCC precompiled header"
+    if name == "vllm_compile_cache.py":
+        try:
+            ast.literal_eval(path.read_text())
+        except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
+            return "unparsable vLLM compile cache index"
+    return None
+
+
+def _elf_problem(path: Path, size: int) -> str | None:
+    """Why `path` is not a whole ELF file (header and header tables inside the file)."""
+    head = _head(path, 64)
+    if head[:4] != b"\x7fELF":
+        return "not an ELF file"
+    order = {1: "<", 2: ">"}.get(head[5] if len(head) > 5 else 0)
+    if head[4:5] == b"\x02" and order and len(head) >= 64:
+        phoff, shoff = struct.unpack_from(order + "QQ", head, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 0x36)
+    elif head[4:5] == b"\x01" and order and len(head) >= 52:
+        phoff, shoff = struct.unpack_from(order + "II", head, 0x1C)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 0x2A)
+    else:
+        return "truncated or malformed ELF header"
+    end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+    if size < end:
+        return f"truncated ELF file ({size} bytes, its header tables end at {end})"
+    return None
+
+
+def _compile_in_progress(path: Path) -> bool:
+    """Whether TorchInductor holds the compile lock of the kernel that `path` belongs to
+    (`<cache>/locks/<key>.lock`, `<key>` = the name up to its first dot)."""
+    key = path.name.split(".", 1)[0].removesuffix(_BUILD_DIR_SUFFIX)
+    for locks in (path.parent / "locks", path.parent.parent / "locks"):
+        lock = locks / f"{key}.lock"
+        if lock.is_file() and _flock_held(lock):
+            return True
+    return False
+
+
+def _flock_held(lock: Path) -> bool:
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the probe's lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _head(path: Path, n: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def _is_inductor_default(value: str) -> bool:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return False
+    return os.path.abspath(value) == os.path.abspath(default_cache_dir())

@@ -1,0 +1,143 @@
+"""Compile caches: where a run's caches live, and which entries are removed before it
+starts (no Ray, no compiler: valid shared objects are copied from the Python install)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from openrlhf_oppo import compat
+from openrlhf_oppo.compat import caches
+from openrlhf_oppo.integrations import launcher
+
+KEY = "cabc2defghijklmnopqrstuvwxyz"
+
+
+@pytest.fixture(scope="module")
+def valid_so() -> Path:
+    found = sorted(Path(sysconfig.get_path("platstdlib"), "lib-dynload").glob("*.so"))
+    if not found or not sys.platform.startswith("linux"):
+        pytest.skip("needs a Linux Python with lib-dynload shared objects")
+    return found[0]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _write(path: Path, data: bytes = b"") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path, valid_so):
+    """A cache with the entries a killed run leaves (broken) next to healthy ones."""
+    inductor, ext = tmp_path / "torchinductor", tmp_path / "torch_extensions" / "py311_cpu" / "ds_op"
+    so_bytes = valid_so.read_bytes()
+    broken = {
+        _write(inductor / "ab" / "cab.main.so"): "zero-byte file",
+        _write(inductor / "cd" / "ccd.main.so", so_bytes[: len(so_bytes) // 2]): "truncated ELF file",
+        _write(inductor / "cd" / "ccd.main.o", so_bytes[:20]): "truncated or malformed ELF header",
+        _write(inductor / "ef" / "cef.so", b"#!/bin/sh\n" * 10): "not an ELF file",
+        _write(inductor / "gh" / "cgh.py"): "zero-byte file",
+        _write(inductor / "ij" / f".{_dead_pid()}.140000.tmp", b"partial"): "temp file of a writer that is gone",
+        _write(inductor / "kl" / "ckl.main_CxxBuild" / "x.o", so_bytes).parent: "build dir of an unfinished compile",
+        _write(inductor / "precompiled_headers" / "cpch.h.gch", b"\0" * 64): "not a GCC precompiled header",
+        _write(ext / "lock"): "stale build lock",
+        _write(tmp_path / "vllm" / "torch_compile_cache" / "h" / "rank_0_0" / "vllm_compile_cache.py", b"{(0, 8"): (
+            "unparsable vLLM compile cache index"
+        ),
+    }
+    healthy = [
+        _write(inductor / "mn" / "cmn.main.so", so_bytes),
+        _write(inductor / "mn" / "cmn.main.cpp", b"int main() {}\n"),
+        _write(inductor / "locks" / "cmn.lock"),  # torch's fcntl lock: released with its holder
+        _write(inductor / "op" / f".{os.getpid()}.1.tmp", b"being written"),  # its writer is alive
+        _write(inductor / "precompiled_headers" / "cok.h.gch", b"gpch.013" + b"\0" * 56),
+        _write(ext / "ds_op.so", so_bytes),
+        _write(ext / "build.ninja", b"rule cxx\n"),
+        _write(tmp_path / "vllm" / "torch_compile_cache" / "h2" / "rank_0_0" / "vllm_compile_cache.py", b"{}"),
+        _write(tmp_path / "vllm" / "modelinfos" / "m.json", b"{}"),
+    ]
+    dirs = [inductor, tmp_path / "torch_extensions", tmp_path / "vllm"]
+    return dirs, broken, healthy
+
+
+def test_validate_removes_exactly_the_broken_entries(cache):
+    dirs, broken, healthy = cache
+    lines: list[str] = []
+    removed = caches.validate(dirs, log=lines.append)
+    assert {r.path for r in removed} == set(broken)
+    for r in removed:
+        assert r.reason.startswith(broken[r.path]), (r.path, r.reason)
+        assert not r.path.exists()
+    assert all(path.exists() for path in healthy)
+    assert len(lines) == len(broken)
+    assert all(line.startswith("cache: removed ") for line in lines)
+    assert any(str(next(iter(broken))) in line and "zero-byte" in line for line in lines)
+    assert caches.validate(dirs, log=lines.append) == []  # a second pass finds nothing
+
+
+def test_a_kernel_being_compiled_is_left_alone(tmp_path):
+    so = _write(tmp_path / "ab" / f"{KEY}.main.so")
+    lock = _write(tmp_path / "locks" / f"{KEY}.lock")
+    with open(lock, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # what torch's FileLock holds while it compiles
+        assert caches.validate([tmp_path], log=lambda _: None) == []
+        assert so.exists()
+    assert [r.path for r in caches.validate([tmp_path], log=lambda _: None)] == [so]
+
+
+def test_cache_env_puts_every_cache_under_the_project_cache_and_a_user_value_wins(tmp_path):
+    env = caches.cache_env({}, root=tmp_path)
+    assert env == {var: str(tmp_path / name) for var, name in caches.CACHE_VARS.items()}
+    user = caches.cache_env({"TRITON_CACHE_DIR": "/mine/triton"}, root=tmp_path)
+    assert user["TRITON_CACHE_DIR"] == "/mine/triton"
+    assert user["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torchinductor")
+
+
+def test_torch_default_inductor_dir_is_not_taken_for_a_user_choice(tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    env = caches.cache_env({"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}, root=tmp_path)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torchinductor")
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_child_env_sets_the_cache_variables_on_any_hardware(tmp_path, monkeypatch, cuda):
+    monkeypatch.setattr(caches, "CACHE_DIR", tmp_path)
+    if cuda:
+        monkeypatch.setattr(compat, "launch_env", lambda base: {})  # what it returns where CUDA is present
+    for var in caches.CACHE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/mine/ext")
+    env = launcher.child_env(launcher.RunPaths(tmp_path / "run"), {}, None)
+    assert env["TORCH_EXTENSIONS_DIR"] == "/mine/ext"
+    for var, name in caches.CACHE_VARS.items():
+        if var != "TORCH_EXTENSIONS_DIR":
+            assert env[var] == str(tmp_path / name)
+    assert caches.cache_dirs(env, tmp_path) == [(tmp_path / n).resolve() for n in ("torchinductor", "triton", "vllm")]
+
+
+def test_in_use_validates_only_while_no_other_run_holds_the_cache(tmp_path):
+    env = caches.cache_env({}, root=tmp_path)
+    zero = _write(tmp_path / "torchinductor" / "ab" / "cab.main.so")
+    lines: list[str] = []
+    with caches.in_use(env, root=tmp_path, log=lines.append):
+        with caches.in_use(env, root=tmp_path, log=lines.append):  # a second run meanwhile
+            pass
+    assert lines[0] == f"cache: removed {zero} (zero-byte file)"
+    assert lines[1].startswith("cache: not validated, another run is using")
+    _write(zero)
+    with caches.in_use(env, root=tmp_path, log=lines.append):  # the first run released it
+        assert not zero.exists()
