@@ -147,7 +147,14 @@ class StreamingConfig:
         "Stream into the critic (its cache is valid within one step only). Not routed by the "
         "OpenRLHF integration yet.",
     )
-    kv_budget_tokens: int = _f(0, "KV-cache budget per scorer in tokens; 0 = unbounded.")
+    kv_budget_tokens: int = _f(
+        0,
+        "KV-cache budget per streaming reward actor in tokens (past it, the least recently extended "
+        "sequences' caches are evicted and re-prefilled when next extended); 0 = derived from the "
+        "device's memory once the model is loaded: 0.5 of the GPU's free memory, or on a CPU host "
+        "0.1 of the available memory split among the reward actors, over the model's KV bytes per "
+        "token (2 x layers x kv_heads x head_dim x dtype bytes).",
+    )
 
     def __post_init__(self) -> None:
         self.validate()

@@ -9,6 +9,7 @@ TARGETS = {
     "core": ("openrlhf_oppo.bench.core", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
     "scorer": ("openrlhf_oppo.bench.scorer", "streamed vs one-shot scoring time per chunk size"),
     "schedules": ("openrlhf_oppo.bench.schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
+    "soak": ("openrlhf_oppo.bench.soak", "a long run: RSS of every process and reward-actor KV tokens over steps"),
 }
 
 

@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=None, help="end the run (exit 124) after this many seconds")
     p.add_argument("--skip-input-checks", action="store_true",
                    help="skip the dataset, prompt-length and tokenizer checks before launch (flag checks still run)")
+    p.add_argument("--restarts", type=int, default=0,
+                   help="after a crash, relaunch this many times from the last checkpoint (--ckpt.load_enable; "
+                        "set --ckpt.save_steps). A stop asked by SIGTERM/SIGINT or --timeout-s is not restarted")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
     return p
 
@@ -87,10 +90,20 @@ def run(argv: list[str]):
     else:
         preflight.check_inputs(flags, extra, paths.preflight, oppo=oppo_cfg is not None)
     probe_ids = launcher.probe_prompt_ids(tokenizer_json) if tokenizer_json else None
-    result = launcher.launch(
-        flags, paths, extra, probe_ids, timeout_s=args.timeout_s,
-        entry_module=schedule.entry_module,
-    )
+    if args.restarts < 0:
+        raise ValueError(f"--restarts must be >= 0, got {args.restarts}")
+    for attempt in range(args.restarts + 1):
+        result = launcher.launch(
+            flags, paths, extra, probe_ids, timeout_s=args.timeout_s,
+            entry_module=schedule.entry_module, fresh=attempt == 0, graceful_stop=oppo_cfg is not None,
+        )
+        if result.returncode in (0, launcher.TIMEOUT_RETURNCODE) or result.stopped_by or attempt == args.restarts:
+            break
+        print(f"openrlhf-oppo train: exit {result.returncode}; restart {attempt + 1} of {args.restarts} from the "
+              f"last checkpoint in {flags.get('ckpt.path', paths.checkpoints)} (the ledger spans the attempts)",
+              flush=True)
+        if "--ckpt.load_enable" not in extra:
+            extra = [*extra, "--ckpt.load_enable"]
 
     probes = launcher.read_probe(paths.sync_probe)
     changed = sum(1 for a, b in zip(probes, probes[1:]) if a["logprobs"] != b["logprobs"])

@@ -1,7 +1,9 @@
-"""Crash injection for the reliability tests: ``OPPO_FAULTS="reward@1,driver@2"`` kills
-the streaming reward actor during step 1 (after a seeded number of reward calls) and
-the trainer (the driver of the PPO loop) right after step 2's checkpoint is written.
-Unset, nothing happens; the kills are real (`ray.kill`, SIGKILL), the recoveries too."""
+"""Crash injection for the reliability tests: ``OPPO_FAULTS="reward@1,rollout@2,driver@3"``
+kills the streaming reward actor during step 1 and the rollout engine during step 2
+(each after a seeded number of calls), and the trainer (the driver of the PPO loop)
+right after step 3's checkpoint is written. Each fault fires once per run directory,
+restarts included (recorded next to the ledger). Unset, nothing happens; the kills are
+real (`ray.kill`, SIGKILL), the recoveries too."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import os
 import random
 import signal
 
+from openrlhf_oppo.core import ledger
+
 FAULTS_ENV = "OPPO_FAULTS"
-KINDS = ("reward", "driver")
+KINDS = ("reward", "rollout", "driver")
 
 
 def planned(kind: str) -> set[int]:
-    """Steps at which a fault of ``kind`` is injected."""
+    """Steps at which a fault of ``kind`` is planned."""
     steps = set()
     for item in filter(None, os.environ.get(FAULTS_ENV, "").split(",")):
         name, _, step = item.partition("@")
@@ -25,9 +29,19 @@ def planned(kind: str) -> set[int]:
     return steps
 
 
-def reward_kill_point(step: int) -> int:
-    """Kill the reward actor once this many reward calls of the step were sent (seeded by the step)."""
-    return random.Random(step).randint(1, 3)
+def due(kind: str, step: int, calls: int | None = None) -> bool:
+    """True once per run directory when the fault ``kind@step`` fires now; ``calls``:
+    the calls of this kind made so far in the step (fires at a number seeded by the step)."""
+    if step not in planned(kind) or (calls is not None and calls != random.Random(step).randint(1, 3)):
+        return False
+    record = os.environ.get(ledger.LEDGER_ENV, "oppo") + ".faults"
+    tag = f"{kind}@{step}"
+    if os.path.exists(record) and tag in open(record).read().split():
+        return False
+    with open(record, "a") as fh:
+        fh.write(tag + "\n")
+    print(f"OPPO fault injection: {tag}", flush=True)
+    return True
 
 
 def kill_this_process(what: str) -> None:

@@ -79,6 +79,10 @@ class RunPaths:
         return self.root / "rollouts.jsonl"  # each step's trained samples (every schedule)
 
     @property
+    def stop_file(self) -> Path:
+        return self.root / "stop_requested"  # made on SIGTERM/SIGINT: OPPO ends the step, checkpoints, stops
+
+    @property
     def preflight(self) -> Path:
         return self.root / "preflight.json"  # input checks before launch (integrations.preflight)
 
@@ -88,6 +92,7 @@ class RunResult:
     returncode: int
     wall_s: float
     paths: RunPaths
+    stopped_by: int | None = None  # the signal that asked the run to stop
 
 
 def run_flags(paths: RunPaths, flags: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +122,7 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
     env["OPPO_TRACE_JSONL"] = str(paths.oppo_trace)
     env[ledger.LEDGER_ENV] = str(paths.ledger)  # appended across restarts: never cleared here
+    env["OPPO_STOP_FILE"] = str(paths.stop_file)
     env[seeding.ROLLOUTS_ENV] = str(paths.rollouts)
     if probe_ids:
         env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
@@ -137,13 +143,21 @@ def launch(
     probe_ids: list[int] | None,
     timeout_s: float | None = None,
     entry_module: str = TRAIN_MODULE,
+    fresh: bool = True,
+    graceful_stop: bool = False,
 ) -> RunResult:
+    """Run the child to its end. ``fresh``: clear the per-run logs first (a restart
+    appends to them). On SIGTERM/SIGINT: with ``graceful_stop`` (OPPO schedules) the
+    current step ends, a checkpoint with the carried samples is written and the run
+    stops; otherwise the child gets SIGINT. A second signal ends the run at once."""
     paths.root.mkdir(parents=True, exist_ok=True)
-    paths.sync_probe.unlink(missing_ok=True)
-    paths.oppo_metrics.unlink(missing_ok=True)
-    paths.oppo_trace.unlink(missing_ok=True)
-    paths.rollouts.unlink(missing_ok=True)
-    shutil.rmtree(paths.timeline, ignore_errors=True)
+    paths.stop_file.unlink(missing_ok=True)
+    if fresh:
+        paths.sync_probe.unlink(missing_ok=True)
+        paths.oppo_metrics.unlink(missing_ok=True)
+        paths.oppo_trace.unlink(missing_ok=True)
+        paths.rollouts.unlink(missing_ok=True)
+        shutil.rmtree(paths.timeline, ignore_errors=True)
     flags = run_flags(paths, flags)
     if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
         flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY
@@ -151,20 +165,50 @@ def launch(
     (paths.root / "command.json").write_text(json.dumps(argv, indent=1))
     print("openrlhf-oppo train: " + " ".join(argv[1:]), flush=True)
     env = child_env(paths, flags, probe_ids)
+    stopped_by: list[int] = []
+
+    def on_signal(signum, frame):
+        if stopped_by:
+            _log(f"{signal.Signals(signum).name} again: ending the run now")
+            raise KeyboardInterrupt
+        stopped_by.append(signum)
+        if graceful_stop:
+            paths.stop_file.touch()
+            _log(f"{signal.Signals(signum).name}: the current step ends, a checkpoint is written, then the run "
+                 "stops (signal again to stop at once)")
+        else:
+            os.killpg(child.pid, signal.SIGINT)
+
     with caches.in_use(env, log=_log):  # held until the session is ended
         start = time.monotonic()
         child = subprocess.Popen(argv, env=env, start_new_session=True)
+        previous = _handle_signals(on_signal)
         try:
             returncode = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _log(f"no result after {timeout_s:.0f}s; ending the run")
             returncode = TIMEOUT_RETURNCODE
         except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            returncode = child.wait()
+            returncode = 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
         finally:
+            _handle_signals(previous)
             _end_session(child.pid)
-    return RunResult(returncode=returncode, wall_s=time.monotonic() - start, paths=paths)
+    if stopped_by:
+        returncode = 128 + stopped_by[0]  # non-zero whatever the child made of it
+        _log(f"stopped on {signal.Signals(stopped_by[0]).name} (exit {returncode})")
+    return RunResult(returncode=returncode, wall_s=time.monotonic() - start, paths=paths,
+                     stopped_by=stopped_by[0] if stopped_by else None)
+
+
+def _handle_signals(handler):
+    """Install ``handler`` (or a dict of previous handlers) for SIGTERM and SIGINT; returns the previous ones.
+    Only the main thread can: elsewhere (a helper thread) nothing changes."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = handler if isinstance(handler, dict) else dict.fromkeys((signal.SIGTERM, signal.SIGINT), handler)
+    return {sig: signal.signal(sig, h) for sig, h in handlers.items()}
 
 
 def _log(line: str) -> None:

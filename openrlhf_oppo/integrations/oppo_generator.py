@@ -113,9 +113,13 @@ class OppoSamplesGenerator(SamplesGenerator):
                 self.oppo.streaming.kv_budget_tokens,
                 bool(args.reward.normalize_enable),
                 args.ds.value_head_prefix,
+                1 if gpus else num_scorers,  # a derived KV budget: CPU actors share the host's memory
             )
             for _ in range(num_scorers)
         ]
+        # actor index -> (most KV tokens held after a call this step, after its latest call)
+        self.scorer_kv_tokens: dict[int, tuple[int, int]] = {}
+        self.scorer_kv_budget_tokens = 0  # summed over actors, from their replies
         self.prompt_stream = PromptStream(prompts_dataloader)
         self.step = 0  # == policy version: weight syncs done so far
         self.prompts: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
@@ -137,7 +141,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.paused = False  # engines paused for the weight sync under way
         self.scorer_restarts = 0  # this step
         self.step_reward_calls = 0
-        self.reward_faults = faults.planned("reward")
+        self.step_polls = 0  # engine replies this step (crash injection counts them)
         self.trace_path = os.environ.get(TRACE_ENV)
         self.ledger_path = os.environ.get(ledger.LEDGER_ENV)
         self.ledger_started = False
@@ -192,13 +196,18 @@ class OppoSamplesGenerator(SamplesGenerator):
             "oppo/overlap_fraction": before / max(before + at_end, 1),
             "oppo/scorer_restarts": float(self.scorer_restarts),
         }
-        self.scorer_restarts = self.step_reward_calls = 0
+        self.scorer_restarts = self.step_reward_calls = self.step_polls = 0
         if self.reward_actors:
             # reward calls acknowledged by now; busy time summed over actors, clipped to the phase
             end = self.step_started_s + self.step_gen_s
             busy = sum(max(0.0, min(b, end) - max(a, self.step_started_s)) for a, b in self.scorer_busy)
             metrics["oppo/scorer_idle_fraction"] = 1.0 - min(1.0, busy / max(self.step_gen_s * len(self.reward_actors), 1e-9))
             self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
+            # KV tokens held: each actor's most after a call this step, summed; an actor without a
+            # reply this step still holds what it held after its latest call
+            metrics["oppo/scorer_kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
+            metrics["oppo/scorer_kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
+            self.scorer_kv_tokens = {idx: (last, last) for idx, (_, last) in self.scorer_kv_tokens.items()}
         if self.trace_path:
             write_trace(self.trace_path, self.scheduler, batch, report, self.prompts, self.scores)
         self._ledger_event("step", step=report.step, admitted=self.step_admitted,
@@ -305,7 +314,7 @@ class OppoSamplesGenerator(SamplesGenerator):
                 if ref not in done:
                     continue
                 del self.polls[idx]
-                for d in ray.get(ref):
+                for d in self._engine_reply(idx, ref):
                     generated += len(d.token_ids)
                     chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
                     if d.finish_reason is not None:
@@ -317,6 +326,24 @@ class OppoSamplesGenerator(SamplesGenerator):
             self._collect_scores()
             batch = self.scheduler.take_batch()
         return batch, generated
+
+    def _engine_reply(self, idx: int, ref) -> list:
+        """An engine's `next_outputs`. A dead engine stops the run: a new one would hold the
+        initial weights and no weight-sync group, so the run resumes from its last checkpoint
+        instead (`--ckpt.load_enable`; `openrlhf-oppo train --restarts N` relaunches it),
+        where the samples carried at that checkpoint decode on from their recorded tokens."""
+        try:
+            outputs = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(
+                f"OPPO: rollout engine {idx} died in step {self.step} ({type(exc).__name__}). Resume from the last "
+                f"checkpoint with --ckpt.load_enable (openrlhf-oppo train --restarts N does it): carried samples "
+                f"decode on from their recorded tokens"
+            ) from exc
+        self.step_polls += 1
+        if faults.due("rollout", self.step, self.step_polls):
+            ray.kill(self.vllm_engines[idx], no_restart=True)
+        return outputs
 
     def _dispatch(self, chunks: list[ChunkReady]) -> None:
         """Send chunks to the reward actors, sticky by sample, one call per actor. A
@@ -339,9 +366,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             ahead = {sid: len(toks) for sid, toks in extends.items()}
             self.pending.append((self.reward_actors[idx].process.remote(extends, finishes), idx, sent, ahead))
             self.step_reward_calls += 1
-            if self.step in self.reward_faults and self.step_reward_calls == faults.reward_kill_point(self.step):
-                self.reward_faults.discard(self.step)
-                print(f"OPPO fault injection: killing reward actor {idx} in step {self.step}", flush=True)
+            if faults.due("reward", self.step, self.step_reward_calls):
                 ray.kill(self.reward_actors[idx], no_restart=False)
 
     def _collect_scores(self) -> None:
@@ -366,6 +391,9 @@ class OppoSamplesGenerator(SamplesGenerator):
                     continue
                 self.scores.update(reply.scores)
                 self.scorer_busy.append((reply.start_s, reply.end_s))
+                step_max, _ = self.scorer_kv_tokens.get(idx, (0, 0))
+                self.scorer_kv_tokens[idx] = (max(step_max, reply.kv_tokens), reply.kv_tokens)
+                self.scorer_kv_budget_tokens = reply.kv_budget_tokens * len(self.reward_actors)
                 self.scheduler.on_scored_many(REWARD, sent)
                 for sid, n in ahead.items():  # overlapped: the prefill was done before the sample was
                     if sid in self.finished_s:

@@ -26,15 +26,21 @@ class ScoreReply:
     scores: dict[int, float]
     start_s: float  # time.time() at the call's start and end: the actor's busy interval
     end_s: float
+    kv_tokens: int = 0  # tokens the actor holds in KV caches after the call
+    kv_budget_tokens: int = 0  # its budget (explicit, or derived from the device's memory)
 
 
 class StreamingRewardActor:
     """One reward-model replica that prefills chunks and scores finished sequences."""
 
-    def __init__(self, model_path: str, kv_budget_tokens: int, normalize_reward: bool, value_head_prefix: str):
+    def __init__(self, model_path: str, kv_budget_tokens: int, normalize_reward: bool, value_head_prefix: str,
+                 scorers_per_host: int = 1):
+        """`kv_budget_tokens` 0: derived from the device's memory once the model is loaded
+        (`models.budget`); on a CPU host, split among `scorers_per_host` actors."""
         import torch
 
         from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model
+        from openrlhf_oppo.models.budget import auto_kv_budget
 
         torch.set_grad_enabled(False)
         # fp32 on CPU; on a GPU the reward model's own bf16, as OpenRLHF runs it
@@ -45,7 +51,14 @@ class StreamingRewardActor:
             value_head_prefix=value_head_prefix,
             dtype=torch.bfloat16 if cuda else torch.float32,
         ).to("cuda" if cuda else "cpu")
-        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens or None)
+        if kv_budget_tokens > 0:
+            how = "--oppo.streaming.kv_budget_tokens"
+        else:
+            param = next(model.parameters())
+            auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host)
+            kv_budget_tokens, how = auto.tokens, f"auto: {auto.how}"
+        print(f"OPPO streaming reward actor: KV budget {kv_budget_tokens:,} tokens ({how})", flush=True)
+        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens)
 
     def open_many(self, prompts: dict[int, list[int]]) -> None:
         for seq_id, prompt_ids in prompts.items():
@@ -65,7 +78,7 @@ class StreamingRewardActor:
             timeline.RECORDER.span("reward", "prefill", t0, t1, tokens=sum(map(len, extends.values())))
         if finishes:
             timeline.RECORDER.span("reward", "score", t1, t2, tokens=sum(map(len, finishes.values())))
-        return ScoreReply(scores, t0, t2)
+        return ScoreReply(scores, t0, t2, self.scorer.cached_tokens, self.scorer.kv_budget_tokens)
 
 
 StreamingRewardRayActor = ray.remote(StreamingRewardActor)

@@ -40,6 +40,13 @@ OPENRLHF_VERSION = "0.11.2"
 METRICS_JSONL_ENV = "OPPO_METRICS_JSONL"
 STATE_KEY = "oppo_generator"
 
+STOP_ENV = "OPPO_STOP_FILE"  # when this file exists, the step ends, a checkpoint is written and the run stops
+
+
+class StopRequested(RuntimeError):
+    """The launcher was asked to stop (SIGTERM/SIGINT): the step ended and a checkpoint was written."""
+
+
 _BASE = _ppo_trainer.PPOTrainer.__ray_metadata__.modified_class.__mro__[1]  # the class under @ray.remote
 
 
@@ -84,15 +91,30 @@ class OppoPPOTrainerImpl(_BASE):
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         client_states = dict(client_states or {})
-        saving = global_step % self.args.ckpt.save_steps == 0  # OpenRLHF's own save condition (inf: never)
+        stop = bool(os.environ.get(STOP_ENV)) and os.path.exists(os.environ[STOP_ENV])  # SIGTERM/SIGINT to the launcher
+        saving = stop or global_step % self.args.ckpt.save_steps == 0  # OpenRLHF's own condition (inf: never)
         if saving:
             client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
         # the generator reads the dataloader ahead (B+Δ groups); between steps its
         # position is the scheduler's next_prompt_index, as OpenRLHF's own state says
-        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        save_steps = self.args.ckpt.save_steps
+        if stop:
+            self.args.ckpt.save_steps = 1  # OpenRLHF saves when global_step % save_steps == 0
+        try:
+            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        finally:
+            self.args.ckpt.save_steps = save_steps
+        if stop:
+            self.samples_generator.ledger_checkpoint()
+            raise StopRequested(
+                f"OPPO: stopped on request after step {self.samples_generator.step - 1}: checkpoint global_step"
+                f"{global_step} written to {self.args.ckpt.path} with "
+                f"{len(self.samples_generator.scheduler.in_flight_groups)} carried group(s); "
+                f"resume with --ckpt.load_enable"
+            )
         if saving:  # written: a resume may start after this step
             self.samples_generator.ledger_checkpoint()
-            if self.samples_generator.step - 1 in faults.planned("driver"):
+            if faults.due("driver", self.samples_generator.step - 1):
                 faults.kill_this_process(f"the trainer after step {self.samples_generator.step - 1}'s checkpoint")
 
     def restore_best_checkpoint_state(self, checkpoint_states) -> None:

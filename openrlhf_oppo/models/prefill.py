@@ -187,6 +187,11 @@ class PrefillEngine:
             open_sequences=sum(not s.finished for s in self._seqs.values()),
         )
 
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens held in KV caches right now (a counter: no walk over the sequences)."""
+        return self._cached_tokens
+
     def seq_len_tokens(self, seq_id: int) -> int:
         return len(self._get(seq_id).token_ids)
 

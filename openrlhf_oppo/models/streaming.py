@@ -71,6 +71,11 @@ class _StreamingScorer:
     def kv_budget_tokens(self) -> int | None:
         return self._engine.kv_budget_tokens
 
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens held in KV caches right now (cheap: a counter)."""
+        return self._engine.cached_tokens
+
     def stats(self) -> PrefillStats:
         """Forward, prefill, eviction and re-prefill counters, and tokens cached now."""
         return self._engine.stats()

@@ -1,31 +1,71 @@
 """Crash injection with real Ray (`openrlhf_oppo.integrations.faults`), end to end on CPU.
 
-One OPPO run checkpoints every step; its streaming reward actor is killed in the middle
-of step 1 (Ray restarts it; the driver re-prefills its held samples from their
-recorded tokens) and its trainer is killed right after step 2's checkpoint. A second
-run resumes from that checkpoint into the same run directory. The ledger check then
-proves every prompt group was trained exactly once or is still held."""
+One `openrlhf-oppo train --restarts 3` run checkpoints every second step. Its streaming
+reward actor is killed in the middle of step 1 (Ray restarts it; the driver re-prefills
+its held samples from their recorded tokens), its rollout engine in the middle of
+step 3 (the run stops and is relaunched from the step-1 checkpoint: step 2 is rolled
+back and done again), and its trainer right after step 3's checkpoint (relaunched
+again). The ledger check then proves every prompt group was trained exactly once or
+is still held. A second run is asked to stop with SIGTERM: the step ends, a checkpoint
+with the carried samples is written, the exit code says so."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+from openrlhf_oppo.cli.main import main
 from openrlhf_oppo.core import ledger
 
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+TIMEOUT_S = "900"
 
-def test_killed_reward_actor_and_driver_resume_and_the_ledger_holds(train_runs, tmp_path_factory, monkeypatch):
-    root = tmp_path_factory.mktemp("faults")
-    flags = ("--ckpt.save_steps", "1", "--data.max_samples", "16")
-    monkeypatch.setenv("OPPO_FAULTS", "reward@1,driver@2")
-    killed = train_runs("oppo", *flags, output=root)
-    assert killed.returncode != 0, "the trainer was to be killed after step 2"
-    metrics = [json.loads(line) for line in (root / "oppo_metrics.jsonl").read_text().splitlines()]
-    assert [m["oppo/scorer_restarts"] for m in metrics] == [0.0, 1.0, 0.0], "the reward actor kill did not happen"
-    monkeypatch.delenv("OPPO_FAULTS")
 
-    resumed = train_runs("oppo", *flags, "--ckpt.load_enable", output=root)
-    assert resumed.returncode == 0, f"see {root}"
-    report = ledger.check_run(root)
+def _train_argv(assets, root, *extra, restarts=0):
+    return ["train", "--schedule", "oppo", "--config", str(CONFIG), "--assets", str(assets), "--output", str(root),
+            "--timeout-s", TIMEOUT_S, "--restarts", str(restarts), "--", "--data.max_samples", "24", *extra]
+
+
+def test_killed_reward_actor_rollout_engine_and_driver_the_run_completes_and_the_ledger_holds(
+    tiny_assets, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("OPPO_FAULTS", "reward@1,rollout@3,driver@3")
+    rc = main(_train_argv(tiny_assets, tmp_path, "--ckpt.save_steps", "2", restarts=3))
+    assert rc == 0, f"see {tmp_path}"
+    fired = (tmp_path / (ledger.LEDGER_FILE + ".faults")).read_text().split()
+    assert fired == ["reward@1", "rollout@3", "driver@3"]
+    restarts = [json.loads(line)["oppo/scorer_restarts"] for line in (tmp_path / "oppo_metrics.jsonl").read_text().splitlines()]
+    assert restarts[1] == 1.0 and sum(restarts) == 1.0  # step 1 of the first attempt
+
+    report = ledger.check_run(tmp_path)
     assert report.ok, report.summary()
-    assert report.restarts == 1 and report.checkpoints[:3] == [0, 1, 2]
-    assert report.last_step >= 3 and report.trained == 4 * (report.last_step + 1)  # B = 4 groups a step
+    assert report.restarts == 2 and report.rolled_back_steps == 1  # step 2 of the first attempt
+    assert {1, 3} <= set(report.checkpoints)
+    assert report.trained == 4 * (report.last_step + 1) and report.last_step >= 4  # B = 4 groups a step
+    assert main(["ledger", "check", str(tmp_path)]) == 0
+
+
+def test_sigterm_ends_the_step_writes_a_checkpoint_and_exits_non_zero(tiny_assets, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "openrlhf_oppo.cli.main", *_train_argv(tiny_assets, tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    events: list[dict] = []
+    deadline = time.monotonic() + float(TIMEOUT_S)
+    while not any(e["event"] == "step" and e["step"] >= 1 for e in events):  # two steps done
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(1)
+        path = tmp_path / ledger.LEDGER_FILE
+        events = ledger.read_events(path) if path.exists() else []
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=float(TIMEOUT_S))
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped on request after step" in out and "stopped on SIGTERM" in out, out[-3000:]
+
+    events = ledger.read_events(tmp_path / ledger.LEDGER_FILE)
+    last_step = max(e["step"] for e in events if e["event"] == "step")
+    assert events[-1] == {"event": "checkpoint", "step": last_step}  # after the step that was running
+    assert list((tmp_path / "checkpoints" / "_actor").glob(f"global_step{last_step + 1}"))
+    assert ledger.check_events(events).ok
