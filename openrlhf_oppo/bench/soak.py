@@ -183,18 +183,24 @@ def _growth(series: list[tuple[int, float]], total_steps: int) -> dict:
             "late_growth_mb_per_100_steps": late_rate}
 
 
-def summarize(rows: list[dict], kv_rows: list[dict] | None = None) -> dict:
-    """Per-process and total RSS growth from `rss.jsonl` rows; KV tokens from metrics rows."""
-    steps = max((r["step"] for r in rows), default=0)
-    rows = trim(rows)
-    total_steps = max((r["step"] for r in rows), default=0)
-    names = labels(rows)
+def _series(rows: list[dict]) -> tuple[dict[int, list[tuple[int, float]]], dict[float, list]]:
+    """(pid -> [(step, RSS MB)], sample time -> [step, RSS MB summed over processes])."""
     per_pid: dict[int, list[tuple[int, float]]] = {}
     sweeps: dict[float, list] = {}
     for r in rows:
         per_pid.setdefault(r["pid"], []).append((r["step"], r["rss_mb"]))
         sweep = sweeps.setdefault(r["t"], [r["step"], 0.0])
         sweep[1] += r["rss_mb"]
+    return per_pid, sweeps
+
+
+def summarize(rows: list[dict], kv_rows: list[dict] | None = None) -> dict:
+    """Per-process and total RSS growth from `rss.jsonl` rows; KV tokens from metrics rows."""
+    steps = max((r["step"] for r in rows), default=0)
+    rows = trim(rows)
+    total_steps = max((r["step"] for r in rows), default=0)
+    names = labels(rows)
+    per_pid, sweeps = _series(rows)
     processes = [{"pid": pid, "name": names[pid], **_growth(series, total_steps)} for pid, series in per_pid.items()]
     processes.sort(key=lambda p: -p["rss_end_mb"])
     total = _growth([(s, v) for _, (s, v) in sorted(sweeps.items())], total_steps) if sweeps else None
@@ -249,12 +255,7 @@ def plot(rows: list[dict], kv_rows: list[dict], out: Path, title: str = "", top:
 
     rows = trim(rows)
     names = labels(rows)
-    per_pid: dict[int, list[tuple[int, float]]] = {}
-    sweeps: dict[float, list] = {}
-    for r in rows:
-        per_pid.setdefault(r["pid"], []).append((r["step"], r["rss_mb"]))
-        sweep = sweeps.setdefault(r["t"], [r["step"], 0.0])
-        sweep[1] += r["rss_mb"]
+    per_pid, sweeps = _series(rows)
     fig, (ax_total, ax_proc, ax_kv) = plt.subplots(3, 1, figsize=(11, 11), sharex=True,
                                                    gridspec_kw={"height_ratios": [1, 2.2, 1]})
     steps_total = [s for s, _ in sweeps.values()]

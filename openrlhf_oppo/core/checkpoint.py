@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 2  # 2: + ledger
-LEDGER_FIELDS = ("group_id", "prompt_index", "admitted_step", "trained_step", "deferrals")
+LEDGER_FIELDS = ledger.LEDGER_FIELDS
 
 
 def dump(sched: "OverlapScheduler") -> dict[str, Any]:

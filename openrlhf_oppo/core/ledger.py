@@ -31,6 +31,8 @@ from typing import Any, Iterable
 
 LEDGER_FILE = "ledger.jsonl"
 LEDGER_ENV = "OPPO_LEDGER_JSONL"  # the driver appends events here when set
+# a checkpoint's ledger row per trained group (flat in the checkpoint)
+LEDGER_FIELDS = ("group_id", "prompt_index", "admitted_step", "trained_step", "deferrals")
 
 
 @dataclass
@@ -72,7 +74,7 @@ def check_state(state: dict[str, Any]) -> list[str]:
     if state.get("version", 0) < 2:
         return []  # no ledger before version 2
     rows = state["ledger"]
-    trained = rows[0::5]
+    trained = rows[0 :: len(LEDGER_FIELDS)]
     held = [g["group_id"] for g in state["groups"]]
     return _account(trained, held, state["next_group_id"])
 

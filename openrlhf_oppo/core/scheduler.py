@@ -259,22 +259,21 @@ class OverlapScheduler:
         outputs = outputs if isinstance(outputs, (list, tuple)) else list(outputs)
         _check_version(policy_version)
         samples = self._samples
+        found: list[_Sample] = []  # the entries' samples, in order
+        add_found, int_codes = found.append, _INT_CODES
         sample_id = None
         try:  # validate every entry before recording any: a rejected call changes nothing
             for sample_id, token_ids, logprobs in outputs:
                 s = samples[sample_id]  # a subscript, not .get(): an unknown id is reported below
-                if s.finish_reason is not None:
-                    raise ValueError(f"sample {sample_id}: tokens after on_finished")
-                if logprobs is not None and len(logprobs) != len(token_ids):
-                    raise ValueError(f"sample {sample_id}: {len(token_ids)} tokens but {len(logprobs)} logprobs")
-                if not (type(token_ids) is array and token_ids.typecode in _INT_CODES) and not all(
-                    type(t) is int for t in token_ids
+                if (
+                    s.finish_reason is not None
+                    or (logprobs is not None and len(logprobs) != len(token_ids))
+                    or (s.version is not None and policy_version < s.version)
+                    or type(token_ids) is not array
+                    or token_ids.typecode not in int_codes
                 ):
-                    raise TypeError(f"sample {sample_id}: token ids must be ints, got {list(token_ids)[:8]!r}")
-                if s.version is not None and policy_version < s.version:
-                    raise ValueError(
-                        f"sample {sample_id}: policy_version went back from {s.version} to {policy_version}"
-                    )
+                    _check_delta(s, token_ids, logprobs, policy_version)  # raises, or accepts a list of ints
+                add_found(s)
         except KeyError:
             if sample_id not in samples:
                 raise self._unknown(sample_id) from None
@@ -284,11 +283,10 @@ class OverlapScheduler:
         c = self._chunk_size if self._stream and not self._needs_restream else 0
         ready: list[ChunkReady] = []
         add_ready, new_tuple, chunk_ready = ready.append, _new_tuple, ChunkReady  # locals: hot loop
-        for sample_id, token_ids, logprobs in outputs:
+        for s, (sample_id, token_ids, logprobs) in zip(found, outputs):
             k = len(token_ids)
             if k == 0:
                 continue
-            s = samples[sample_id]
             if s.version != policy_version:
                 self._start_version_run(s, policy_version)
             s.token_chunks.append(token_ids)
@@ -595,6 +593,19 @@ _INT_CODES = frozenset("bBhHiIlLqQ")  # array typecodes of integers
 def _check_version(version: Any) -> None:
     if type(version) is not int or version < 0:
         raise TypeError(f"policy_version must be an int >= 0 (weight syncs so far), got {version!r}")
+
+
+def _check_delta(s: "_Sample", token_ids: Sequence[int], logprobs: Sequence[float] | None, version: int) -> None:
+    """The slow path of `on_tokens_many`'s check: raise for a bad delta; a list of ints passes."""
+    sid = s.sample_id
+    if s.finish_reason is not None:
+        raise ValueError(f"sample {sid}: tokens after on_finished")
+    if logprobs is not None and len(logprobs) != len(token_ids):
+        raise ValueError(f"sample {sid}: {len(token_ids)} tokens but {len(logprobs)} logprobs")
+    if s.version is not None and version < s.version:
+        raise ValueError(f"sample {sid}: policy_version went back from {s.version} to {version}")
+    if not (type(token_ids) is array and token_ids.typecode in _INT_CODES) and not all(type(t) is int for t in token_ids):
+        raise TypeError(f"sample {sid}: token ids must be ints, got {list(token_ids)[:8]!r}")
 
 
 def _check_stats(stats: StepStats, step: int) -> None:

@@ -188,10 +188,10 @@ def launch(
         except subprocess.TimeoutExpired:
             _log(f"no result after {timeout_s:.0f}s; ending the run")
             returncode = TIMEOUT_RETURNCODE
-        except KeyboardInterrupt:
-            returncode = 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
+        except KeyboardInterrupt:  # a second signal (or Ctrl-C where no handler could be installed)
+            returncode = 128 + signal.SIGINT
         finally:
-            _handle_signals(previous)
+            _restore_signals(previous)
             _end_session(child.pid)
     if stopped_by:
         returncode = 128 + stopped_by[0]  # non-zero whatever the child made of it
@@ -200,15 +200,19 @@ def launch(
                      stopped_by=stopped_by[0] if stopped_by else None)
 
 
-def _handle_signals(handler):
-    """Install ``handler`` (or a dict of previous handlers) for SIGTERM and SIGINT; returns the previous ones.
-    Only the main thread can: elsewhere (a helper thread) nothing changes."""
+def _handle_signals(handler) -> dict:
+    """Install ``handler`` for SIGTERM and SIGINT; the previous handlers, to restore with
+    `_restore_signals`. Only the main thread can: elsewhere (a helper thread) nothing changes."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return {}
-    handlers = handler if isinstance(handler, dict) else dict.fromkeys((signal.SIGTERM, signal.SIGINT), handler)
-    return {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_signals(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def _log(line: str) -> None:

@@ -104,18 +104,17 @@ class OppoPPOTrainerImpl(_BASE):
             super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
         finally:
             self.args.ckpt.save_steps = save_steps
-        if stop:
+        if saving:  # written: a resume may start after this step
             self.samples_generator.ledger_checkpoint()
+        if stop:
             raise StopRequested(
                 f"OPPO: stopped on request after step {self.samples_generator.step - 1}: checkpoint global_step"
                 f"{global_step} written to {self.args.ckpt.path} with "
                 f"{len(self.samples_generator.scheduler.in_flight_groups)} carried group(s); "
                 f"resume with --ckpt.load_enable"
             )
-        if saving:  # written: a resume may start after this step
-            self.samples_generator.ledger_checkpoint()
-            if faults.due("driver", self.samples_generator.step - 1):
-                faults.kill_this_process(f"the trainer after step {self.samples_generator.step - 1}'s checkpoint")
+        if saving and faults.due("driver", self.samples_generator.step - 1):
+            faults.kill_this_process(f"the trainer after step {self.samples_generator.step - 1}'s checkpoint")
 
     def restore_best_checkpoint_state(self, checkpoint_states) -> None:
         super().restore_best_checkpoint_state(checkpoint_states)
