@@ -7,7 +7,7 @@ import os
 import platform
 
 from openrlhf_oppo.compat.hooks import install_hooks
-from openrlhf_oppo.compat.patches import PATCHES
+from openrlhf_oppo.compat.patches import CACHE_PATCHES, PATCHES
 
 _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023
@@ -25,6 +25,7 @@ def request_amx_permission() -> bool:
 
 
 def run() -> None:
+    install_hooks(CACHE_PATCHES)
     if os.environ.get("OPPO_COMPAT") == "1":
         request_amx_permission()
         # The patches gate themselves on torch.cuda.is_available() when they fire

@@ -9,6 +9,12 @@ and later trusts any file at that path, so a run ended mid-compile can leave a
 zero-byte or truncated `.so` that breaks every later run needing that kernel.
 `in_use` (called by the launcher) removes such entries first (`validate`), while no
 other run uses the cache, and holds the cache for the run.
+
+torch's `cpp_extension` (DeepSpeed's JIT-built ops) serialises builds with a lock file
+that records no owner and is waited on forever, so a build killed mid-way hangs every
+later build of that op, even one already waiting. `stamp_build_batons` (installed in
+every process of a run) stamps the holder into the file, and a waiter that finds the
+holder gone removes the lock and builds the op itself.
 """
 
 from __future__ import annotations
@@ -16,11 +22,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import fcntl
+import functools
 import os
 import re
 import shutil
+import socket
 import struct
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +163,77 @@ def _broken_dir(path: Path) -> str | None:
     if path.name.endswith(_BUILD_DIR_SUFFIX) and not _compile_in_progress(path):
         return "build dir of an unfinished compile"
     return None
+
+
+class StaleBuildLock(RuntimeError):
+    """A build lock's holder is gone (removed by the waiter, which builds instead)."""
+
+
+def stamp_build_batons(cpp_extension) -> None:
+    """torch 2.13 `torch.utils.cpp_extension`: `_jit_compile` takes a `FileBaton` lock
+    file (O_EXCL) to build, and other processes `wait` while it exists, forever. Here
+    the holder's stamp (host, pid, process start time) is written into the file; a
+    waiter that finds the holder gone removes the lock and builds the op itself
+    (`_jit_compile` again). An unstamped lock (a writer without this patch) is waited
+    on as torch waits."""
+    cls = cpp_extension.FileBaton
+    original_acquire, original_compile = cls.try_acquire, cpp_extension._jit_compile
+
+    def try_acquire(self) -> bool | None:
+        acquired = original_acquire(self)
+        if acquired:
+            with contextlib.suppress(OSError):
+                fd = os.open(self.lock_file_path, os.O_WRONLY)
+                try:
+                    os.write(fd, _stamp(os.getpid()).encode())
+                finally:
+                    os.close(fd)
+        return acquired
+
+    def wait(self) -> None:
+        while os.path.exists(self.lock_file_path):
+            if baton_holder_gone(Path(self.lock_file_path)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.lock_file_path)
+                raise StaleBuildLock(self.lock_file_path)
+            time.sleep(self.wait_seconds)
+
+    @functools.wraps(original_compile)
+    def _jit_compile(*args, **kwargs):
+        while True:
+            try:
+                return original_compile(*args, **kwargs)
+            except StaleBuildLock as stale:
+                print(f"cache: removed {stale} (build lock of a process that is gone); building here", flush=True)
+                # the first attempt recorded the op's version as current: forget it, or nothing is built
+                cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(args[0] if args else kwargs["name"], None)
+
+    cls.try_acquire, cls.wait = try_acquire, wait
+    cpp_extension._jit_compile = _jit_compile
+
+
+def baton_holder_gone(lock: Path) -> bool:
+    """Whether `lock` carries the stamp of a process on this host that no longer runs
+    (a pid reused since has another start time). False for unstamped locks and locks
+    held on other hosts (a cache on a shared file system)."""
+    try:
+        host, pid, started = _head(lock, 512).decode().split()
+        pid = int(pid)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False
+    return not _pid_alive(pid) or _stamp(pid) != f"{host} {pid} {started}"
+
+
+def _stamp(pid: int) -> str:
+    """`host pid start-time`: the start time (clock ticks since boot, /proc/<pid>/stat
+    field 22) tells a reused pid apart; "0" where /proc is absent."""
+    started = "0"
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        started = stat[stat.rindex(")") + 2:].split()[19]
+    return f"{socket.gethostname()} {pid} {started}"
 
 
 def _broken_file(path: Path, size: int) -> str | None:

@@ -17,6 +17,7 @@ from openrlhf_oppo.integrations import seeding
 OPENRLHF_VERSION = "0.11.2"
 DEEPSPEED_VERSION = "0.19.6"
 VLLM_VERSION = "0.29.0"
+TORCH_VERSION = "2.13.0"
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,20 @@ seeded_rollouts_driver = _gated(seeding.seeded_rollouts_driver)
 seeded_rollouts_engine = _gated(seeding.seeded_rollouts_engine)
 seeded_prompt_order = _gated(seeding.seeded_prompt_order)
 
+
+def stamped_build_batons(module) -> None:
+    """torch 2.13 `cpp_extension` build locks record no owner and are waited on
+    forever; stamp them and take over a dead holder's build (`compat.caches`). Not a
+    CPU workaround: installed in every process of a run, on any hardware."""
+    from openrlhf_oppo.compat import caches
+
+    caches.stamp_build_batons(module)
+
+
+# every process of a run, with or without CUDA (compat._startup)
+CACHE_PATCHES: tuple[Patch, ...] = (
+    Patch("stamped_build_batons", "torch.utils.cpp_extension", stamped_build_batons, f"torch {TORCH_VERSION}"),
+)
 
 PATCHES: tuple[Patch, ...] = (
     Patch("flash_attn_standin", "openrlhf.models.ring_attn_utils", flash_attn_standin,

@@ -142,3 +142,55 @@ def test_in_use_validates_only_while_no_other_run_holds_the_cache(tmp_path):
     _write(zero)
     with caches.in_use(env, root=tmp_path, log=lines.append):  # the first run released it
         assert not zero.exists()
+
+
+def test_a_build_lock_names_its_holder_and_is_stale_only_when_that_process_is_gone(tmp_path):
+    import socket
+
+    mine = _write(tmp_path / "mine" / "lock", caches._stamp(os.getpid()).encode())
+    assert not caches.baton_holder_gone(mine)
+    dead = _write(tmp_path / "dead" / "lock", caches._stamp(_dead_pid()).encode())
+    assert caches.baton_holder_gone(dead)
+    host, pid, started = caches._stamp(os.getpid()).split()
+    reused = _write(tmp_path / "reused" / "lock", f"{host} {pid} {int(started) + 1}".encode())  # same pid, other process
+    assert caches.baton_holder_gone(reused)
+    elsewhere = _write(tmp_path / "other" / "lock", f"{socket.gethostname()}-other {_dead_pid()} 1".encode())
+    assert not caches.baton_holder_gone(elsewhere)  # another host's process: cannot be judged here
+    assert not caches.baton_holder_gone(_write(tmp_path / "unstamped" / "lock"))  # torch's own lock: waited on
+
+
+_BUILD = r"""
+import sys, torch.utils.cpp_extension as cpp
+from openrlhf_oppo.compat import caches
+if sys.argv[1] == "patched":
+    caches.stamp_build_batons(cpp)
+if sys.argv[2] == "hold":  # take the build lock as a build does, then die holding it
+    import os, signal
+    assert cpp.FileBaton(os.path.join(sys.argv[3], "lock")).try_acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+cpp.load("oppo_baton_probe", [sys.argv[4]], build_directory=sys.argv[3], is_python_module=False)
+print("built")
+"""
+
+
+@pytest.mark.parametrize("waiter", ["patched", "torch"])
+def test_a_build_killed_holding_its_lock_does_not_hang_the_next_build(tmp_path, waiter):
+    """torch's cpp_extension waits forever on the lock file a killed build leaves (seen:
+    a DeepSpeed op build hung in `FileBaton.wait`); with the stamp the next build takes over."""
+    build = tmp_path / "build"
+    build.mkdir()
+    source = _write(tmp_path / "probe.cpp", b"extern \"C\" int oppo_baton_probe() { return 1; }\n")
+    script = _write(tmp_path / "build.py", _BUILD.encode())
+    env = {**os.environ, "MAX_JOBS": "1"}
+    holder = subprocess.run([sys.executable, str(script), "patched", "hold", str(build), str(source)], env=env)
+    assert holder.returncode == -9 and (build / "lock").exists()
+    try:
+        out = subprocess.run([sys.executable, str(script), waiter, "build", str(build), str(source)], env=env,
+                             capture_output=True, text=True, timeout=60 if waiter == "patched" else 10)
+    except subprocess.TimeoutExpired:
+        assert waiter == "torch", "the patched waiter hung on a dead holder's build lock"
+        return
+    assert waiter == "patched", f"torch's own waiter did not hang: {out.stdout}{out.stderr}"
+    assert out.returncode == 0, out.stderr
+    assert "building here" in out.stdout and out.stdout.rstrip().endswith("built")
+    assert not (build / "lock").exists() and (build / "oppo_baton_probe.so").exists()

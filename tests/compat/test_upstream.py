@@ -115,3 +115,15 @@ def test_weight_payload_round_trips_bit_exactly(dtype):
     tensor = torch.randn(3, 5).to(dtype)
     name, restored = weight_sync.unpack_tensor(weight_sync.pack_tensor("w", tensor))
     assert name == "w" and restored.dtype == dtype and torch.equal(restored, tensor)
+
+
+def test_cpp_extension_build_lock_is_what_the_stamped_baton_patch_wraps():
+    from torch.utils import cpp_extension
+
+    assert torch.__version__.split("+")[0] == patches.TORCH_VERSION
+    source = inspect.getsource(cpp_extension._jit_compile)
+    assert "baton = FileBaton(os.path.join(build_directory, 'lock'))" in source
+    assert "baton.try_acquire()" in source and "baton.wait()" in source
+    assert "JIT_EXTENSION_VERSIONER.get_version(name)" in source
+    assert isinstance(cpp_extension.JIT_EXTENSION_VERSIONER.entries, dict)
+    assert [p.module for p in patches.CACHE_PATCHES] == ["torch.utils.cpp_extension"]
