@@ -6,6 +6,7 @@
     openrlhf-oppo prepare      # build the tiny task's model/tokenizer assets
     openrlhf-oppo config       # resolve and print the OPPO settings
     openrlhf-oppo ledger check RUN_DIR   # every prompt group trained exactly once or held
+    openrlhf-oppo simulate --preset paper-7b-h200 [--set k=v] [--sweep k=v1,v2]   # cluster-scale simulator
 
 Each subcommand lives in `openrlhf_oppo.cli.<name>` and exposes `main(argv) -> int`;
 heavy imports happen inside it, so `openrlhf-oppo bench core` needs no torch.
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
     "config": ("openrlhf_oppo.cli.config", "resolve, validate and print the OPPO settings (YAML + --oppo.* flags)"),
     "prepare": ("openrlhf_oppo.cli.prepare", "build the tiny task's tokenizer, models and prompts locally"),
     "ledger": ("openrlhf_oppo.cli.ledger", "`check RUN_DIR`: every prompt group trained exactly once or still held"),
+    "simulate": ("openrlhf_oppo.sim.cli", "cluster-scale simulator driving the real scheduler; `calibrate RUN_DIR...`"),
 }
 
 

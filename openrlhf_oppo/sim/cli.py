@@ -1,0 +1,114 @@
+"""`openrlhf-oppo simulate`: the cluster-scale simulator (discrete events, the real scheduler).
+
+    openrlhf-oppo simulate --preset paper-7b-h200 [--set key=value ...] [--output DIR]
+    openrlhf-oppo simulate --preset paper-7b-h200 --sweep delta.max=0,4,8,16 [--sweep ...]
+    openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output configs/sim/cpu-longtail.yaml
+
+Prints `bench schedules`' table for every schedule (and, for a preset with the paper's
+figures, the calibration table), writes each schedule's simulated timeline in the format
+of real runs and draws it with `openrlhf-oppo plot`'s code. Several `--sweep` flags are
+zipped (same number of values): `--sweep split.nodes=1,2,4 --sweep workload.batch_groups=112,224,448`.
+Keys: `openrlhf_oppo.sim.presets` (`delta.*`, `chunk.*`, ... are the `oppo:` section's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from openrlhf_oppo.sim import presets, report
+from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
+
+SWEEP_SCHEDULES = ("sync", "oppo-intra", "oppo-inter", "oppo")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="openrlhf-oppo simulate", description=__doc__.splitlines()[0])
+    p.add_argument("--preset", required=True, help=f"one of {', '.join(presets.preset_names())}, or a YAML path")
+    p.add_argument("--set", dest="sets", action="append", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="edit the preset (e.g. workload.batch_groups=64 hardware=h100 delta.max=8)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="simulate once per value (several --sweep flags are zipped); writes a PNG")
+    p.add_argument("--schedules", nargs="+", default=None,
+                   help=f"schedules to simulate (default: all; sweeps: {' '.join(SWEEP_SCHEDULES)}); "
+                        f"allowed: {', '.join(SCHEDULE_NAMES)}")
+    p.add_argument("--output", type=Path, default=None, help="timelines, PNGs, summary.json (default: runs/sim/<preset>)")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--plot-steps", type=int, default=4, help="steps drawn in the timeline PNGs (after warm-up)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "calibrate":
+        from openrlhf_oppo.sim import calibrate
+
+        return calibrate.main(argv[1:])
+    args = _parser().parse_args(argv)
+    sets = [s for group in args.sets for s in group]
+    schedules = _schedules(args.schedules, SWEEP_SCHEDULES if args.sweep else SCHEDULE_NAMES)
+    base = presets.load_preset(args.preset, sets)  # validates the preset and every --set first
+    out = args.output or Path("runs") / "sim" / base.name
+    t0 = time.perf_counter()
+    if args.sweep:
+        _sweep(args.preset, sets, args.sweep, schedules, base, out, args.no_plot)
+    else:
+        sim = report.run_all(base, schedules)
+        report.print_tables(sim)
+        if base.paper.both and {"sync", "oppo-intra", "oppo-inter", "oppo"} <= set(schedules):
+            report.print_calibration(sim)
+        print(f"simulated in {time.perf_counter() - t0:.1f} s")
+        if not args.no_plot:
+            report.write_outputs(sim, out, plot_steps=args.plot_steps)
+        else:
+            report.write_outputs(sim, out, plot_schedules=())
+        print(f"timelines and summary: {out}")
+    return 0
+
+
+def _schedules(given: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if given is None:
+        return default
+    unknown = [s for s in given if s not in SCHEDULE_NAMES]
+    if unknown:
+        raise ValueError(f"--schedules: unknown {', '.join(unknown)}; allowed: {', '.join(SCHEDULE_NAMES)}")
+    return tuple(given)
+
+
+def sweep_points(sweeps: list[str], base: presets.SimConfig) -> list[tuple[str, list[str]]]:
+    """(label, `--set` items) of every sweep point (zipped sweeps); Δ's init follows a lower Δ max."""
+    keys, values = [], []
+    for item in sweeps:
+        key, raw = presets.parse_set(item)
+        vals = [v.strip() for v in raw.split(",") if v.strip()]
+        if not vals:
+            raise ValueError(f"--sweep {key}: no values; write --sweep {key}=v1,v2,...")
+        keys.append(presets.canonical_key(key))
+        values.append(vals)
+    if len({len(v) for v in values}) != 1:
+        raise ValueError(f"--sweep: zipped sweeps need as many values each, got {[len(v) for v in values]}")
+    points = []
+    for vals in zip(*values):
+        items = [f"{k}={v}" for k, v in zip(keys, vals)]
+        if "oppo.delta.max" in keys and "oppo.delta.init" not in keys:
+            dmax = int(vals[keys.index("oppo.delta.max")])
+            if base.oppo.delta.init > dmax:
+                items.append(f"oppo.delta.init={dmax}")
+                print(f"note: delta.max={dmax} is below the preset's delta.init ({base.oppo.delta.init}): "
+                      f"delta.init={dmax} for that point")
+        points.append((" ".join(vals), items))
+    return points
+
+
+def _sweep(preset: str, sets: list[str], sweeps: list[str], schedules: tuple[str, ...], base: presets.SimConfig,
+           out: Path, no_plot: bool) -> None:
+    points = []
+    for label, items in sweep_points(sweeps, base):
+        cfg = presets.load_preset(preset, [*sets, *items])
+        points.append((label, report.run_all(cfg, schedules)))
+    keys = " + ".join(presets.canonical_key(presets.parse_set(s)[0]) for s in sweeps)
+    print(f"sweep of {keys} on preset {base.name}")
+    report.print_sweep(points, schedules)
+    if not no_plot:
+        name = "-".join(presets.parse_set(s)[0].replace(".", "_") for s in sweeps)
+        report.plot_sweep(points, schedules, f"{base.name}: sweep of {keys}", out / f"sweep-{name}.png")

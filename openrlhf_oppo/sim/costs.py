@@ -1,0 +1,182 @@
+"""Cost model: seconds for a decode iteration, a prefill call, make_experience, training, a sync.
+
+Built from a preset either by a roofline (hardware x model shape x efficiencies) or
+from measured coefficients (`Costs`, e.g. a CPU machine's, written by `simulate
+calibrate`). Everything the simulator charges goes through `CostModel`.
+
+Decode (one engine iteration, every running sequence gets one token; memory-bandwidth
+bound with a compute floor)::
+
+    step_s(b, ctx) = overhead + max(weights_read + kv_read_per_token * ctx,  compute_per_seq * b)
+
+with ``ctx`` the tokens of context the batch holds (prompt + generated, summed over the
+``b`` sequences): the iteration reads every weight once and every cached key/value once.
+Prefill (a reward-model call over chunks, each attending to its cached prefix)::
+
+    prefill_s = call + chunks * per_chunk + max(weights_read, per_token * new + per_pair * pairs)
+
+``pairs`` = sum over chunks of new * (prefix + new / 2): query-key pairs of causal attention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from openrlhf_oppo.sim.presets import ModelShape, SimConfig
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per unit of work; one engine, one reward server, the whole training pool."""
+
+    decode_overhead_s: float  # per engine iteration, outside the max()
+    decode_weights_read_s: float  # reading the actor's weights once (per engine, over its TP devices)
+    decode_kv_read_per_token_s: float  # reading one cached token's K and V
+    decode_compute_per_seq_s: float  # the compute floor per sequence of the batch
+    prefill_call_s: float  # fixed cost of a reward call (launch, gather)
+    prefill_weights_read_s: float  # memory floor of a reward forward
+    prefill_per_token_s: float  # 2 N flops per new token
+    prefill_per_pair_s: float  # 4 L d flops per query-key pair
+    prefill_per_chunk_s: float  # bookkeeping per chunk in a call
+    forward_per_token_s: float  # one make_experience forward of the actor's size on the training pool
+    critic_forward_per_token_s: float  # the critic's forward
+    train_per_token_s: float  # actor + critic forward+backward per token on the training pool
+    weight_sync_s: float  # one broadcast of the actor's weights to the engines
+    phase_overhead_s: float  # per make_experience / train / sync phase
+    generate_overhead_s: float  # per generate call
+    engines: int  # rollout engines
+    scorers: int  # reward servers (0: none)
+    scorer_on_engines: bool  # reward servers share the engines' devices (prefill and decode take turns)
+    seqs_per_engine: int  # concurrent sequences an engine holds (max_num_seqs, KV capacity)
+    decode_slowdown_shared: float
+    train_slowdown_shared: float
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
+        memory = self.decode_weights_read_s + self.decode_kv_read_per_token_s * context_tokens
+        return self.decode_overhead_s + max(memory, self.decode_compute_per_seq_s * batch)
+
+    def decode_run_s(self, batch: int, context_tokens: int, steps: int) -> float:
+        """`steps` iterations of a fixed batch whose context grows by `batch` tokens an iteration:
+        the sum of `decode_step_s`, in closed form (the max() switches at most once)."""
+        if steps <= 0:
+            return 0.0
+        kv, comp = self.decode_kv_read_per_token_s, self.decode_compute_per_seq_s * batch
+        mem0 = self.decode_weights_read_s + kv * context_tokens
+        slope = kv * batch
+        if slope <= 0.0:
+            return steps * (self.decode_overhead_s + max(mem0, comp))
+        switch = min(steps, max(0, math.ceil((comp - mem0) / slope)))  # first iteration bound by memory
+        mem_steps = steps - switch
+        mem_sum = mem_steps * mem0 + slope * (steps * (steps - 1) - switch * (switch - 1)) / 2
+        return steps * self.decode_overhead_s + switch * comp + mem_sum
+
+    def decode_steps_within(self, batch: int, context_tokens: int, max_steps: int, budget_s: float) -> int:
+        """Iterations completed within `budget_s` (at most `max_steps`)."""
+        lo, hi = 0, max_steps
+        while lo < hi:  # largest k with decode_run_s(k) <= budget
+            mid = (lo + hi + 1) // 2
+            if self.decode_run_s(batch, context_tokens, mid) <= budget_s + 1e-12:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def prefill_s(self, chunks: list[tuple[int, int]]) -> float:
+        """One reward call over `chunks`, each (cached prefix tokens, new tokens)."""
+        new = sum(n for _, n in chunks)
+        pairs = sum(n * (prefix + n / 2) for prefix, n in chunks)
+        compute = self.prefill_per_token_s * new + self.prefill_per_pair_s * pairs
+        return self.prefill_call_s + len(chunks) * self.prefill_per_chunk_s + max(self.prefill_weights_read_s, compute)
+
+    def make_experience_s(self, tokens: int, reference: bool, critic: bool) -> dict[str, float]:
+        """Forwards on the training pool: stage -> seconds (old logprobs, reference, critic values)."""
+        out = {"old_logprobs": self.forward_per_token_s * tokens}
+        if reference:
+            out["ref_logprobs"] = self.forward_per_token_s * tokens
+        if critic:
+            out["values"] = self.critic_forward_per_token_s * tokens
+        return out
+
+    def train_s(self, tokens: int) -> float:
+        return self.train_per_token_s * tokens
+
+
+def build(cfg: SimConfig) -> CostModel:
+    """The cost model of a preset: the roofline, with every measured cost in `cfg.costs` replacing its term."""
+    base = _roofline(cfg) if cfg.hardware is not None and cfg.actor is not None else _measured_only(cfg)
+    m = cfg.costs
+    updates = {}
+    if m.decode_step_s > 0:  # a measured engine: no roofline terms left
+        updates.update(decode_overhead_s=m.decode_step_s, decode_weights_read_s=0.0,
+                       decode_kv_read_per_token_s=m.decode_per_context_token_s,
+                       decode_compute_per_seq_s=m.decode_per_seq_s)
+    if m.prefill_per_token_s > 0:
+        updates.update(prefill_call_s=m.prefill_call_s, prefill_weights_read_s=0.0,
+                       prefill_per_token_s=m.prefill_per_token_s, prefill_per_pair_s=0.0)
+    if m.forward_per_token_s > 0:
+        updates.update(forward_per_token_s=m.forward_per_token_s, critic_forward_per_token_s=m.forward_per_token_s)
+    if m.train_per_token_s > 0:
+        updates["train_per_token_s"] = m.train_per_token_s
+    if m.weight_sync_s > 0:
+        updates["weight_sync_s"] = m.weight_sync_s
+    from dataclasses import replace
+
+    return replace(base, **updates)
+
+
+def _layout(cfg: SimConfig) -> dict:
+    s, e = cfg.split, cfg.efficiency
+    engines = s.nodes * s.generate_gpus // s.tensor_parallel
+    scorers = s.nodes * (s.score_gpus // s.score_tensor_parallel if s.score_gpus else engines)
+    return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0,
+                phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
+                decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)
+
+
+def _measured_only(cfg: SimConfig) -> CostModel:
+    e = cfg.efficiency
+    return CostModel(decode_overhead_s=0.0, decode_weights_read_s=0.0, decode_kv_read_per_token_s=0.0,
+                     decode_compute_per_seq_s=0.0, prefill_call_s=0.0, prefill_weights_read_s=0.0,
+                     prefill_per_token_s=0.0, prefill_per_pair_s=0.0, prefill_per_chunk_s=e.chunk_overhead_s,
+                     forward_per_token_s=0.0, critic_forward_per_token_s=0.0, train_per_token_s=0.0,
+                     weight_sync_s=e.weight_sync_base_s, seqs_per_engine=cfg.workload.max_num_seqs, **_layout(cfg))
+
+
+def _roofline(cfg: SimConfig) -> CostModel:
+    hw, actor, e, s, w = cfg.hardware, cfg.actor, cfg.efficiency, cfg.split, cfg.workload
+    reward = cfg.reward or actor
+    critic = cfg.critic or reward
+    tp, stp = s.tensor_parallel, s.score_tensor_parallel
+    bw = hw.hbm_bytes_per_s * e.decode_bandwidth
+    train_flops = s.nodes * s.train_gpus * hw.peak_bf16_flops
+    link = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s
+    return CostModel(
+        decode_overhead_s=e.decode_step_overhead_s,
+        decode_weights_read_s=actor.weight_bytes / (tp * bw),
+        decode_kv_read_per_token_s=actor.kv_bytes_per_token / (tp * bw),
+        decode_compute_per_seq_s=2 * actor.params / (tp * hw.peak_bf16_flops * e.decode_mfu),
+        prefill_call_s=e.forward_overhead_s,
+        prefill_weights_read_s=reward.weight_bytes / (stp * bw),
+        prefill_per_token_s=2 * reward.params / (stp * hw.peak_bf16_flops * e.prefill_mfu),
+        prefill_per_pair_s=4 * reward.layers * reward.hidden / (stp * hw.peak_bf16_flops * e.prefill_mfu),
+        prefill_per_chunk_s=e.chunk_overhead_s,
+        forward_per_token_s=2 * actor.params / (train_flops * e.forward_mfu),
+        critic_forward_per_token_s=2 * critic.params / (train_flops * e.forward_mfu),
+        train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
+        weight_sync_s=e.weight_sync_base_s + actor.weight_bytes / (link * e.link_efficiency),
+        seqs_per_engine=_seqs_per_engine(cfg, actor, tp),
+        **_layout(cfg),
+    )
+
+
+def _seqs_per_engine(cfg: SimConfig, actor: ModelShape, tp: int) -> int:
+    """vLLM's max_num_seqs, or fewer when the KV cache cannot hold that many full-length sequences
+    (a conservative bound: vLLM would preempt instead)."""
+    free = cfg.hardware.hbm_bytes * tp * cfg.workload.kv_cache_fraction - actor.weight_bytes
+    if free <= 0:
+        raise ValueError(f"--set split.tensor_parallel: the actor's {actor.weight_bytes / 2**30:.0f} GiB of weights do "
+                         f"not fit {tp} x {cfg.hardware.name}; raise split.tensor_parallel")
+    per_seq = actor.kv_bytes_per_token * (cfg.lengths.prompt_tokens + cfg.lengths.cap_tokens)
+    return max(1, min(cfg.workload.max_num_seqs, int(free // per_seq)))

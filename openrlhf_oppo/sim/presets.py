@@ -1,0 +1,363 @@
+"""Simulator presets: frozen dataclasses read from `configs/sim/*.yaml`.
+
+A preset names a hardware entry (`configs/sim/hardware.yaml`), model shapes
+(`configs/sim/models.yaml`), a length distribution, a GPU split, efficiencies, the
+workload and OPPO's own settings (`openrlhf_oppo.config`). `--set key=value` edits the
+merged mapping before it is built, so a bad key or value fails like a bad flag: a
+`ValueError` naming the key and what is allowed. PyYAML is imported lazily.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo.config import OppoConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
+CATALOG_KEYS = {"hardware": "hardware.yaml", "actor": "models.yaml", "reward": "models.yaml", "critic": "models.yaml"}
+OPPO_SECTIONS = ("delta", "chunk", "staleness", "streaming")  # `--set delta.max=8` means `oppo.delta.max`
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator kind (dense bf16, no sparsity)."""
+
+    name: str = _f("", "Catalog name.")
+    peak_bf16_flops: float = _f(0.0, "Peak dense bf16 FLOP/s of one device.")
+    hbm_bytes: float = _f(0.0, "Device memory in bytes.")
+    hbm_bytes_per_s: float = _f(0.0, "Device memory bandwidth in bytes/s.")
+    nvlink_bytes_per_s: float = _f(0.0, "Intra-node device-to-device bandwidth (one direction) in bytes/s.")
+    network_bytes_per_s: float = _f(0.0, "Inter-node bandwidth per node in bytes/s.")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer's shape (Qwen2.5 family: GQA, SwiGLU MLP)."""
+
+    name: str = _f("", "Catalog name.")
+    layers: int = _f(0, "Transformer blocks.")
+    hidden: int = _f(0, "Hidden size d.")
+    heads: int = _f(0, "Attention heads.")
+    kv_heads: int = _f(0, "Key/value heads (GQA).")
+    intermediate: int = _f(0, "MLP intermediate size.")
+    vocab: int = _f(0, "Vocabulary size.")
+    tied_embeddings: bool = _f(False, "Input and output embeddings share weights.")
+
+    @property
+    def params(self) -> int:
+        head_dim = self.hidden // self.heads
+        attn = self.hidden * self.hidden * 2 + 2 * self.hidden * self.kv_heads * head_dim  # q, o, k, v
+        mlp = 3 * self.hidden * self.intermediate  # gate, up, down
+        embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * (attn + mlp) + embed
+
+    @property
+    def weight_bytes(self) -> int:
+        return 2 * self.params  # bf16
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * (self.hidden // self.heads) * 2  # K and V, bf16
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Response lengths in tokens (the prompt length is a constant)."""
+
+    kind: str = _f("lognormal", "'lognormal' (fitted to mean/std, clipped at cap), 'quantiles' or 'empirical'.")
+    mean_tokens: float = _f(300.0, "lognormal: mean of the unclipped distribution (tokens).")
+    std_tokens: float = _f(300.0, "lognormal: standard deviation of the unclipped distribution (tokens).")
+    cap_tokens: int = _f(1024, "Maximum new tokens; longer responses stop here (finish reason 'length').")
+    min_tokens: int = _f(1, "Shortest response (tokens).")
+    quantiles: tuple[tuple[float, float], ...] = _f((), "quantiles: (probability, tokens) points of the CDF, "
+                                                        "interpolated log-linearly.")
+    path: str = _f("", "empirical: a run's rollouts.jsonl, or a JSON list of response lengths "
+                       "(relative paths: to configs/sim/).")
+    prompt_tokens: int = _f(128, "Prompt length (tokens); rollouts.jsonl lengths subtract it.")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which devices generate, score and train (per node; the pattern repeats on every node)."""
+
+    nodes: int = _f(1, "Nodes.")
+    gpus_per_node: int = _f(8, "Devices per node.")
+    generate_gpus: int = _f(7, "Devices per node running rollout engines.")
+    score_gpus: int = _f(1, "Devices per node running the reward model (0: on the generate devices, "
+                            "where prefill and decode take turns).")
+    train_gpus: int = _f(7, "Devices per node training actor and critic and running the reference, "
+                            "critic and old-logprob forwards.")
+    colocate: bool = _f(True, "Training devices are the generate devices: decoding and training take turns.")
+    tensor_parallel: int = _f(1, "Devices per rollout engine.")
+    score_tensor_parallel: int = _f(1, "Devices per reward-model server.")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak and fixed costs; sources in the preset's comments."""
+
+    decode_bandwidth: float = _f(0.7, "Fraction of HBM bandwidth a decode step achieves.")
+    decode_mfu: float = _f(0.5, "FLOP utilisation of a decode step's compute floor.")
+    prefill_mfu: float = _f(0.5, "FLOP utilisation of a prefill forward.")
+    forward_mfu: float = _f(0.4, "FLOP utilisation of the training devices' forwards (make_experience).")
+    train_mfu: float = _f(0.35, "FLOP utilisation of forward+backward (ZeRO-3).")
+    link_efficiency: float = _f(0.7, "Fraction of link bandwidth a weight broadcast achieves.")
+    decode_step_overhead_s: float = _f(0.002, "Per engine iteration: scheduling, sampling, launch.")
+    forward_overhead_s: float = _f(0.01, "Per prefill call on a reward server: launch and gather.")
+    chunk_overhead_s: float = _f(0.0005, "Per chunk in a prefill call: KV-cache bookkeeping, transfer.")
+    phase_overhead_s: float = _f(0.5, "Per make_experience / train / sync phase: Ray round trips, "
+                                      "ZeRO-3 gathers.")
+    generate_overhead_s: float = _f(0.2, "Per generate call: request submission and result gathering.")
+    weight_sync_base_s: float = _f(0.2, "Fixed cost of a weight sync (pause, NCCL set-up).")
+    decode_slowdown_shared: float = _f(1.0, "Decode step time factor while another role computes on the "
+                                            "same host (1: none; a CPU host's shared cores: above 1).")
+    train_slowdown_shared: float = _f(1.0, "Train/forward time factor while engines decode on the same host.")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The PPO run being simulated."""
+
+    batch_groups: int = _f(112, "B: prompt groups trained per step (rollout batch size).")
+    samples_per_group: int = _f(1, "n: samples per prompt.")
+    steps: int = _f(14, "Steps simulated per run (warm-up included).")
+    warmup_steps: int = _f(3, "Steps left out of step latency and tokens/s (the pipelines fill).")
+    seeds: int = _f(3, "Runs per schedule, each with its own seed; the table gives median [min-max].")
+    seed: int = _f(0, "First seed.")
+    max_num_seqs: int = _f(256, "Sequences an engine decodes at once (vLLM's max_num_seqs).")
+    kv_cache_fraction: float = _f(0.9, "Device memory for weights + KV cache (vLLM's gpu_memory_utilization).")
+    critic: bool = _f(True, "PPO with a critic (GAE): critic forward and training (shape: the `critic` model).")
+    reference: bool = _f(True, "A reference-model forward for the KL penalty.")
+    score_chunks_per_call: int = _f(0, "Chunks a reward server prefills in one forward (0: every chunk queued "
+                                       "for it, from any sequence; 1: one chunk a call, an unbatched scorer).")
+    micro_batch_size: int = _f(4, "Samples per training micro-batch (padding is per micro-batch without packing).")
+    packing: bool = _f(True, "Samples packed in training (no padding).")
+    reward_tau_steps: float = _f(20.0, "Synthetic reward curve 1 - exp(-step/tau) (drives the adaptive Δ).")
+    reward_noise: float = _f(0.02, "Standard deviation of the per-step mean reward's noise.")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured costs that replace the roofline's (0 or less: derive from hardware and model)."""
+
+    decode_step_s: float = _f(0.0, "Engine iteration time at batch 1, short context.")
+    decode_per_seq_s: float = _f(0.0, "Added per sequence in the batch (compute bound).")
+    decode_per_context_token_s: float = _f(0.0, "Added per token of context held by the batch (KV reads).")
+    prefill_call_s: float = _f(0.0, "Fixed cost of a reward-model call.")
+    prefill_per_token_s: float = _f(0.0, "Reward-model prefill per token.")
+    forward_per_token_s: float = _f(0.0, "One make_experience forward (reference, critic or old logprobs) per token.")
+    train_per_token_s: float = _f(0.0, "Actor + critic training per token.")
+    weight_sync_s: float = _f(0.0, "One weight sync.")
+
+
+@dataclass(frozen=True)
+class PaperTargets:
+    """Per-step speedups over sync that the paper reports (time-to-reward), for the calibration table."""
+
+    intra: float = _f(0.0, "Intra-step overlap only (oppo-intra).")
+    inter: float = _f(0.0, "Inter-step overlap only (oppo-inter).")
+    both: float = _f(0.0, "Both (oppo).")
+    source: str = _f("", "Where the figures come from.")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A whole simulated setup."""
+
+    name: str = _f("", "Preset name.")
+    hardware: Hardware | None = _f(None, "Accelerator (None: `costs` gives every cost).")
+    actor: ModelShape | None = _f(None, "Actor (and reference) shape.")
+    reward: ModelShape | None = _f(None, "Reward model shape.")
+    critic: ModelShape | None = _f(None, "Critic shape (None: the reward model's).")
+    lengths: Lengths = _f(Lengths(), "Response length distribution.")
+    split: Split = _f(Split(), "Device split.")
+    efficiency: Efficiency = _f(Efficiency(), "Efficiencies and fixed costs.")
+    workload: Workload = _f(Workload(), "The PPO run.")
+    costs: Costs = _f(Costs(), "Measured costs (override the roofline's).")
+    oppo: OppoConfig = _f(OppoConfig(), "OPPO's settings (openrlhf_oppo.config).")
+    paper: PaperTargets = _f(PaperTargets(), "The paper's ablation figures (calibration presets).")
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("hardware", "models"))
+
+
+def _yaml(path: Path) -> dict:
+    import yaml
+
+    with open(path) as fh:
+        doc = yaml.safe_load(fh) or {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: top level must be a mapping")
+    return doc
+
+
+def load_preset(name: str, sets: list[str] | tuple[str, ...] = ()) -> SimConfig:
+    """The preset `name` (a name under configs/sim/ or a YAML path) with `--set key=value` edits."""
+    path = Path(name)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = CONFIG_DIR / f"{name}.yaml"
+        if not path.exists():
+            raise ValueError(f"--preset: unknown preset '{name}'; allowed: {', '.join(preset_names())} "
+                             "(or a path to a YAML file)")
+    raw = _yaml(path)
+    raw.setdefault("name", path.stem)
+    for item in sets:
+        key, value = parse_set(item)
+        raw = apply_set(raw, key, value)
+    return build(raw)
+
+
+def parse_set(item: str) -> tuple[str, str]:
+    if "=" not in item:
+        raise ValueError(f"--set: expected key=value, got '{item}'")
+    key, value = item.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def canonical_key(key: str) -> str:
+    """`delta.max` -> `oppo.delta.max`; every other key as given."""
+    return f"oppo.{key}" if key.split(".", 1)[0] in OPPO_SECTIONS else key
+
+
+def apply_set(raw: dict, key: str, value: Any) -> dict:
+    """A copy of `raw` with the dotted `key` set (checked when the config is built)."""
+    key = canonical_key(key)
+    parts = key.split(".")
+    allowed = {f.name for f in dataclasses.fields(SimConfig)}
+    if parts[0] not in allowed:
+        raise ValueError(f"--set {key}: unknown key '{parts[0]}'; allowed: {', '.join(sorted(allowed))}")
+    out = copy.deepcopy(raw)
+    node = out
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None or isinstance(child, str):  # a catalog name: edit a copy of its entry
+            child = _catalog_entry(p, child) if isinstance(child, str) else {}
+        node[p] = child
+        node = child
+    node[parts[-1]] = _yaml_scalar(value)
+    return out
+
+
+def _yaml_scalar(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+def _catalog_entry(key: str, name: str) -> dict:
+    catalog = _yaml(CONFIG_DIR / CATALOG_KEYS[key])
+    if name not in catalog:
+        raise ValueError(f"{key}: unknown {CATALOG_KEYS[key].split('.')[0]} '{name}'; allowed: {', '.join(catalog)}")
+    return dict(catalog[name], name=name)
+
+
+def build(raw: Mapping[str, Any]) -> SimConfig:
+    data = dict(raw)
+    for key in CATALOG_KEYS:
+        if isinstance(data.get(key), str):
+            data[key] = _catalog_entry(key, data[key])
+    oppo = oppo_config.from_dict(data.pop("oppo", None) or {})
+    cfg = _build(SimConfig, data, "")
+    cfg = dataclasses.replace(cfg, oppo=oppo)
+    validate(cfg)
+    return cfg
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"--set {path}: must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "oppo"]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ValueError(f"--set {where}{unknown[0]}: unknown key; allowed: {', '.join(where + n for n in names)}")
+    kwargs = {}
+    for key, value in data.items():
+        name = f"{path}.{key}" if path else key
+        kwargs[key] = _coerce(value, hints[key], name)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:  # X | None
+        return None if value is None else _coerce(value, args[0], name)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, name)
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"--set {name}: must be a list, got {value!r}")
+        return tuple(tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for v in value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"--set {name}: must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ValueError(f"--set {name}: must be an integer, got {value!r}")
+        return int(value)
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads 989.0e12 (no sign in the exponent) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"--set {name}: must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        return str(value)
+    raise TypeError(f"unsupported field type {tp!r} for {name}")
+
+
+def validate(cfg: SimConfig) -> None:
+    """Whole-config checks, each naming the key."""
+    w, s, lengths = cfg.workload, cfg.split, cfg.lengths
+    _require(w.batch_groups >= 1, "workload.batch_groups", ">= 1", w.batch_groups)
+    _require(w.samples_per_group >= 1, "workload.samples_per_group", ">= 1", w.samples_per_group)
+    _require(w.steps > w.warmup_steps + 1, "workload.steps", f"> workload.warmup_steps + 1 ({w.warmup_steps + 1})",
+             w.steps)
+    _require(w.seeds >= 1, "workload.seeds", ">= 1", w.seeds)
+    _require(cfg.oppo.delta.max <= w.batch_groups, "delta.max", f"<= workload.batch_groups ({w.batch_groups})",
+             cfg.oppo.delta.max)
+    _require(lengths.kind in ("lognormal", "quantiles", "empirical"), "lengths.kind",
+             "one of lognormal, quantiles, empirical", lengths.kind)
+    _require(lengths.cap_tokens >= lengths.min_tokens >= 1, "lengths.cap_tokens", ">= lengths.min_tokens >= 1",
+             lengths.cap_tokens)
+    _require(s.nodes >= 1 and s.generate_gpus >= 1 and s.train_gpus >= 1, "split",
+             "nodes, generate_gpus and train_gpus >= 1", (s.nodes, s.generate_gpus, s.train_gpus))
+    _require(s.generate_gpus % s.tensor_parallel == 0, "split.tensor_parallel",
+             f"a divisor of split.generate_gpus ({s.generate_gpus})", s.tensor_parallel)
+    gpus = s.generate_gpus + s.score_gpus + (0 if s.colocate else s.train_gpus)
+    if cfg.hardware is not None:
+        _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train unless colocated) <= "
+                 f"split.gpus_per_node ({s.gpus_per_node})", gpus)
+    measured = cfg.costs.decode_step_s > 0
+    _require(measured or (cfg.hardware is not None and cfg.actor is not None and cfg.reward is not None),
+             "hardware", "set (with actor and reward) unless costs.decode_step_s is measured", cfg.hardware)
+
+
+def _require(ok: bool, key: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"--set {key}: must be {allowed}, got {value!r}")

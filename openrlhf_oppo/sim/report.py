@@ -1,0 +1,177 @@
+"""Tables, timelines and sweep plots of simulated runs.
+
+The schedule table is `openrlhf-oppo bench schedules`' own (`bench.schedules.report` /
+`print_report`): every run of a schedule is one "repeat" (one seed), so a figure is the
+median over seeds [min-max]. Timelines are written in the JSONL format of real runs and
+drawn by `bench.plot`, the code that draws real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from openrlhf_oppo.bench import schedules as bench_schedules
+from openrlhf_oppo.sim import costs as cost_model
+from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
+from openrlhf_oppo.sim.presets import SimConfig
+
+ABLATIONS = (("intra", "oppo-intra"), ("inter", "oppo-inter"), ("both", "oppo"))
+TOLERANCE = 0.20  # the issue's ±20 % on the paper's ratios
+
+
+@dataclass
+class Simulated:
+    """Every run of every schedule of one configuration."""
+
+    cfg: SimConfig
+    runs: dict[str, list[RunResult]]
+    summaries: dict[str, list[dict]]
+
+
+def run_all(cfg: SimConfig, schedules: tuple[str, ...] = SCHEDULE_NAMES) -> Simulated:
+    costs = cost_model.build(cfg)
+    w = cfg.workload
+    runs = {s: [simulate(cfg, costs, s, w.seed + k) for k in range(w.seeds)] for s in schedules}
+    summaries = {s: [summarize(r, w.warmup_steps) for r in rs] for s, rs in runs.items()}
+    return Simulated(cfg, runs, summaries)
+
+
+def bench_rows(sim: Simulated) -> list[dict]:
+    """Rows of `bench schedules`' table."""
+    results = {}
+    for s, sums in sim.summaries.items():
+        results[s] = [{"returncode": 0, "median_step_s": x["median_step_s"], "mean_step_s": x["mean_step_s"],
+                       "tokens_per_s": x["tokens_per_s"], "wall_s": r.steps[-1].train_end_s,
+                       "oppo/deferred_fraction": x["deferred"] if s not in BASELINES else None,
+                       "oppo/scorer_idle_fraction": 1.0 - x["util"]["reward"] if s not in BASELINES else None}
+                      for x, r in zip(sums, sim.runs[s])]
+    return bench_schedules.report(results)
+
+
+def print_tables(sim: Simulated) -> None:
+    w = sim.cfg.workload
+    print(f"simulated: preset {sim.cfg.name}, {w.steps} steps a run ({w.warmup_steps} warm-up), "
+          f"{w.seeds} seeds a schedule; B = {w.batch_groups} groups x n = {w.samples_per_group}")
+    bench_schedules.print_report(bench_rows(sim))
+    print("(simulated: 'runs' are seeds; 'wall s' is simulated seconds; 'idle' is the reward servers' idle share)")
+    print()
+    print(f"{'schedule':<11} {'util rollout':>13} {'util reward':>12} {'util train':>11}")
+    for s, sums in sim.summaries.items():
+        u = {k: statistics.median(x["util"][k] for x in sums) for k in ("rollout", "reward", "train")}
+        print(f"{s:<11} {u['rollout']:>13.2f} {u['reward']:>12.2f} {u['train']:>11.2f}")
+    print("util: busy device-seconds / (devices x measured window), median over seeds "
+          "(rollout: engines decoding; reward: reward servers; train: the training devices)")
+
+
+def speedups(sim: Simulated, schedule: str) -> list[float]:
+    """Seed by seed: sync's time per step / this schedule's (the paper's ratios are time-to-reward:
+    time per step, not its median)."""
+    return [b["mean_step_s"] / x["mean_step_s"] for b, x in zip(sim.summaries["sync"], sim.summaries[schedule])]
+
+
+def calibration_rows(sim: Simulated) -> list[dict]:
+    p = sim.cfg.paper
+    rows = []
+    for key, schedule in ABLATIONS:
+        ratios = speedups(sim, schedule)
+        target = getattr(p, key)
+        med = statistics.median(ratios)
+        rows.append({"ablation": key, "schedule": schedule, "simulated": med, "min": min(ratios), "max": max(ratios),
+                     "paper": target, "rel": med / target, "ok": abs(med / target - 1.0) <= TOLERANCE})
+    return rows
+
+
+def print_calibration(sim: Simulated) -> None:
+    print()
+    print(f"calibration against the paper ({sim.cfg.paper.source}): speedup over sync per step")
+    print(f"{'ablation':<9} {'schedule':<11} {'simulated':>22} {'paper':>6} {'sim/paper':>10}  verdict (±20%)")
+    for r in calibration_rows(sim):
+        spread = f"{r['simulated']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
+        verdict = "within" if r["ok"] else ("MISS: too low" if r["rel"] < 1 else "MISS: too high")
+        print(f"{r['ablation']:<9} {r['schedule']:<11} {spread:>22} {r['paper']:>6.2f} {r['rel']:>10.2f}  {verdict}")
+    print("simulated: sync's mean step s / the schedule's, seed by seed, median [min-max]; the paper's figures are "
+          "time-to-reward speedups (same samples per step, so per-step time is their proxy)")
+
+
+# ---------------------------------------------------------------------------- timelines
+
+
+def write_timeline(result: RunResult, run_dir: Path) -> Path:
+    """The run's rows as `RUN_DIR/timeline/sim-0.jsonl` (openrlhf_oppo.timeline's format)."""
+    tl = run_dir / "timeline"
+    tl.mkdir(parents=True, exist_ok=True)
+    path = tl / "sim-0.jsonl"
+    with open(path, "w") as fh:
+        for row in result.rows:
+            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+    return path
+
+
+def write_outputs(sim: Simulated, out: Path, plot_schedules: tuple[str, ...] = ("sync", "oppo"),
+                  plot_steps: int = 4) -> list[Path]:
+    """Timelines of each schedule's first seed (`openrlhf-oppo plot timeline OUT/<schedule>` draws
+    any of them), summary.json, and one PNG drawn by bench.plot: the two schedules on one time
+    scale (or the one schedule's timeline)."""
+    from openrlhf_oppo.bench import plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    for s, rs in sim.runs.items():
+        write_timeline(rs[0], out / s)
+    (out / "summary.json").write_text(json.dumps(
+        {"preset": sim.cfg.name, "rows": bench_rows(sim),
+         "calibration": calibration_rows(sim) if sim.cfg.paper.both and "sync" in sim.runs else None}, indent=1,
+        default=str))
+    first = sim.cfg.workload.warmup_steps
+    pngs = []
+    drawn = [s for s in plot_schedules if s in sim.runs]
+    if len(drawn) == 1:
+        pngs.append(plot.plot_timeline(out / drawn[0], out / f"timeline-{drawn[0]}.png", first, plot_steps))
+    if len(drawn) == 2:
+        pngs.append(plot.plot_compare(out / drawn[0], out / drawn[1], out / f"compare-{drawn[0]}-{drawn[1]}.png",
+                                      first, plot_steps))
+    return pngs
+
+
+# ------------------------------------------------------------------------------- sweeps
+
+
+def print_sweep(points: list[tuple[str, Simulated]], schedules: tuple[str, ...]) -> None:
+    cols = [f"{s} step s" for s in schedules] + [f"x sync {s}" for s in schedules if s != "sync"]
+    print(f"{'value':<28} " + " ".join(f"{c:>17}" for c in cols))
+    for label, sim in points:
+        cells = [f"{statistics.median(x['mean_step_s'] for x in sim.summaries[s]):.2f}" for s in schedules]
+        if "sync" in schedules:
+            cells += [f"{statistics.median(speedups(sim, s)):.2f}" for s in schedules if s != "sync"]
+        print(f"{label:<28} " + " ".join(f"{c:>17}" for c in cells))
+    print("step s: time per step (mean over measured steps), median over seeds; x sync: sync's / the schedule's")
+
+
+def plot_sweep(points: list[tuple[str, Simulated]], schedules: tuple[str, ...], title: str, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [label for label, _ in points]
+    xs = list(range(len(points)))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for s in schedules:
+        med = [statistics.median(x["mean_step_s"] for x in sim.summaries[s]) for _, sim in points]
+        lo = [min(x["mean_step_s"] for x in sim.summaries[s]) for _, sim in points]
+        hi = [max(x["mean_step_s"] for x in sim.summaries[s]) for _, sim in points]
+        ax.plot(xs, med, marker="o", label=s)
+        ax.fill_between(xs, lo, hi, alpha=0.15)
+    ax.set_xticks(xs, labels, fontsize=7, rotation=15)
+    ax.set_ylabel("simulated time per step (s)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    print(f"wrote {out}")
+    return out

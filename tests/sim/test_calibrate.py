@@ -1,0 +1,78 @@
+"""`simulate calibrate` on a hand-made run directory with known costs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from openrlhf_oppo.sim import calibrate, costs as cost_model, drivers
+from openrlhf_oppo.sim.presets import load_preset
+
+PROMPT = 8
+DECODE_S, PER_SEQ_S = 0.004, 0.001  # seconds per token = 0.004 + 0.001 x responses decoding at once
+OVERHEAD_S, FORWARD_S, TRAIN_S, SYNC_S = 0.1, 3e-4, 5e-4, 0.05  # forward: 3 forwards x 1e-4 per token
+CALL_S, PREFILL_S = 0.02, 1e-5
+
+
+def span(role, stage, t0, t1, **kw):
+    return {"kind": "span", "role": role, "host": "n0", "pid": 1, "stage": stage, "t0": t0, "t1": t1, **kw}
+
+
+def make_run(root):
+    """Four steps; step k decodes b_k responses of T_k tokens side by side."""
+    rows, rollouts, t, key = [], [], 1000.0, 0
+    for step, (b, tokens) in enumerate([(1, 100), (2, 60), (4, 200), (8, 30)]):
+        decode = tokens * (DECODE_S + PER_SEQ_S * b)
+        rows.append(span("driver", "generate", t, t + decode + 0.3))
+        for _ in range(b):
+            rows.append({"kind": "sample", "role": "rollout", "host": "n0", "pid": 2, "key": key, "t0": t + 0.3,
+                         "t1": t + 0.3 + decode, "tokens": tokens, "finish": "stop"})
+            key += 1
+        t += decode + 0.3
+        step_tokens = b * (PROMPT + tokens)  # equal lengths: no padding in micro-batches
+        for stage, per in (("make_experience", FORWARD_S), ("train", TRAIN_S)):
+            rows.append(span("driver", stage, t, t + OVERHEAD_S + per * step_tokens))
+            t += OVERHEAD_S + per * step_tokens
+        rows.append(span("driver", "weight_sync", t, t + OVERHEAD_S + SYNC_S))
+        t += OVERHEAD_S + SYNC_S
+        rows.append(span("reward", "prefill", t, t + CALL_S + PREFILL_S * 500 * (step + 1), tokens=500 * (step + 1)))
+        rollouts.append({"step": step, "samples": [{"prompt": "p", "sequence": [1] * (PROMPT + tokens), "reward": 0.0}
+                                                   for _ in range(b)]})
+    (root / "timeline").mkdir(parents=True)
+    (root / "timeline" / "n0-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
+    return root
+
+
+def test_calibrate_recovers_the_costs_of_a_hand_made_timeline(tmp_path):
+    run = make_run(tmp_path / "run")
+    found = calibrate.calibrate([run], load_preset("cpu-longtail"), PROMPT, warmup_steps=0)
+    c = found["costs"]
+    assert c["decode_step_s"] == pytest.approx(DECODE_S)
+    assert c["decode_per_seq_s"] == pytest.approx(PER_SEQ_S)
+    assert c["forward_per_token_s"] == pytest.approx(FORWARD_S / 3)  # reference, critic and old logprobs
+    assert c["train_per_token_s"] == pytest.approx(TRAIN_S)
+    assert c["weight_sync_s"] == pytest.approx(SYNC_S)
+    assert c["prefill_call_s"] == pytest.approx(CALL_S)
+    assert c["prefill_per_token_s"] == pytest.approx(PREFILL_S)
+    assert found["efficiency"]["phase_overhead_s"] == pytest.approx(OVERHEAD_S)
+    assert found["efficiency"]["generate_overhead_s"] == pytest.approx(0.3)
+    assert sorted(found["lengths"]) == sorted([100] + [60] * 2 + [200] * 4 + [30] * 8)
+
+
+def test_calibrate_writes_a_preset_the_simulator_runs(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    out = tmp_path / "cal.yaml"
+    assert calibrate.main([str(run), "--output", str(out), "--warmup-steps", "0"]) == 0
+    assert "costs.decode_step_s = 0.004" in capsys.readouterr().out
+    cfg = load_preset(str(out), ["workload.steps=6", "workload.seeds=1"])
+    assert cfg.lengths.kind == "empirical" and cfg.costs.decode_per_seq_s == pytest.approx(PER_SEQ_S)
+    res = drivers.simulate(cfg, cost_model.build(cfg), "sync", 0)
+    assert {r["tokens"] for r in res.rows if r["kind"] == "sample"} <= {30, 60, 100, 200}
+
+
+def test_calibrate_names_what_a_run_directory_lacks(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="timeline/ and rollouts.jsonl"):
+        calibrate.calibrate([tmp_path / "empty"], load_preset("cpu-longtail"), PROMPT, 0)

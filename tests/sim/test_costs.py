@@ -1,0 +1,68 @@
+"""The cost model against hand-computed numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrlhf_oppo.sim import costs
+from openrlhf_oppo.sim.presets import ModelShape, load_preset
+
+
+def make_costs(**over) -> costs.CostModel:
+    base = dict(decode_overhead_s=0.001, decode_weights_read_s=0.004, decode_kv_read_per_token_s=1e-6,
+                decode_compute_per_seq_s=1e-4, prefill_call_s=0.01, prefill_weights_read_s=0.002,
+                prefill_per_token_s=1e-5, prefill_per_pair_s=1e-8, prefill_per_chunk_s=0.001,
+                forward_per_token_s=1e-5, critic_forward_per_token_s=2e-5, train_per_token_s=3e-5,
+                weight_sync_s=0.5, phase_overhead_s=0.0, generate_overhead_s=0.0, engines=1, scorers=1,
+                scorer_on_engines=False, seqs_per_engine=256, decode_slowdown_shared=1.0, train_slowdown_shared=1.0)
+    base.update(over)
+    return costs.CostModel(**base)
+
+
+def test_decode_step_is_memory_bound_and_grows_with_context():
+    c = make_costs()
+    # 0.001 + max(0.004 + 1e-6 * ctx, 1e-4 * b)
+    assert c.decode_step_s(16, 0) == pytest.approx(0.005)
+    assert c.decode_step_s(16, 1000) == pytest.approx(0.006)
+    assert c.decode_step_s(16, 10000) == pytest.approx(0.015)
+
+
+def test_decode_step_has_a_compute_floor_that_grows_with_batch():
+    c = make_costs()
+    assert c.decode_step_s(40, 0) == pytest.approx(0.005)  # 40 x 1e-4 = 0.004: still at the memory bound
+    assert c.decode_step_s(100, 0) == pytest.approx(0.011)  # 100 x 1e-4 = 0.01 above 0.004
+    assert c.decode_step_s(200, 0) == pytest.approx(0.021)
+
+
+def test_decode_run_is_the_sum_of_its_iterations_across_the_switch_to_memory_bound():
+    c = make_costs(decode_kv_read_per_token_s=1e-5)
+    batch, ctx, steps = 80, 0, 50  # compute bound (0.008) until the context reaches 400 tokens, then memory bound
+    by_hand = sum(c.decode_step_s(batch, ctx + batch * j) for j in range(steps))
+    assert c.decode_run_s(batch, ctx, steps) == pytest.approx(by_hand, rel=1e-12)
+    assert c.decode_steps_within(batch, ctx, steps, by_hand) == steps
+    assert c.decode_steps_within(batch, ctx, steps, c.decode_run_s(batch, ctx, 17) + 1e-9) == 17
+
+
+def test_prefill_of_a_chunk_pays_attention_over_its_cached_prefix():
+    c = make_costs()
+    # 0.01 + 1 x 0.001 + max(0.002, 1e-5 x 100 + 1e-8 x 100 x (1000 + 50))
+    assert c.prefill_s([(1000, 100)]) == pytest.approx(0.01 + 0.001 + 0.001 + 0.00105)
+    assert c.prefill_s([(0, 10)]) == pytest.approx(0.01 + 0.001 + 0.002)  # tiny: reading the weights bounds it
+
+
+def test_qwen25_7b_shape_gives_its_parameter_count_and_kv_bytes():
+    m = ModelShape("qwen2.5-7b", layers=28, hidden=3584, heads=28, kv_heads=4, intermediate=18944, vocab=152064)
+    # per layer: q,o 2 x 3584^2 + k,v 2 x 3584 x 4 x 128 + mlp 3 x 3584 x 18944; + 2 embeddings
+    assert m.params == 28 * (2 * 3584**2 + 2 * 3584 * 512 + 3 * 3584 * 18944) + 2 * 152064 * 3584 == 7_615_283_200
+    assert m.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57_344
+
+
+def test_roofline_of_the_7b_h200_preset():
+    cfg = load_preset("paper-7b-h200")
+    c = costs.build(cfg)
+    bw = 4.8e12 * 0.7
+    assert c.decode_weights_read_s == pytest.approx(2 * 7_615_283_200 / bw)
+    assert c.decode_kv_read_per_token_s == pytest.approx(57_344 / bw)
+    assert c.train_per_token_s == pytest.approx(6 * 2 * 7_615_283_200 / (7 * 989e12 * 0.35))
+    assert c.weight_sync_s == pytest.approx(0.5 + 2 * 7_615_283_200 / (450e9 * 0.7))
+    assert (c.engines, c.scorers) == (7, 1)
