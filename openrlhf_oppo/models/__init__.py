@@ -3,12 +3,14 @@
 Importing this package imports torch and transformers; `openrlhf_oppo.core` never does.
 """
 
+from openrlhf_oppo.models.heads import POOLINGS
 from openrlhf_oppo.models.loaders import (
     OpenRLHFCriticModel,
     OpenRLHFRewardModel,
     detect_layout,
     load_critic_model,
     load_reward_model,
+    resolve_model_path,
     save_openrlhf_value_model,
 )
 from openrlhf_oppo.models.prefill import PrefillStats, SequenceStateError, TokenIdError, UnknownSequenceError
@@ -23,6 +25,7 @@ __all__ = [
     "CriticVersionError",
     "OpenRLHFCriticModel",
     "OpenRLHFRewardModel",
+    "POOLINGS",
     "PrefillStats",
     "SequenceStateError",
     "StreamingCriticScorer",
@@ -33,5 +36,6 @@ __all__ = [
     "detect_layout",
     "load_critic_model",
     "load_reward_model",
+    "resolve_model_path",
     "save_openrlhf_value_model",
 ]

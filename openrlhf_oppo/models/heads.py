@@ -1,16 +1,24 @@
 """What the streaming scorers need from a model: its decoder backbone and its head.
 
-Two reward/critic layouts are understood, read exactly as their one-shot forward
-reads them:
+Two reward/critic layouts are understood:
 
-- transformers `*ForSequenceClassification` (num_labels=1): the `score` head at
-  the rightmost token that is not `config.pad_token_id` (the last token when no
-  pad id is set); no normalisation.
+- transformers `*ForSequenceClassification` (num_labels=1): the `score` head.
 - OpenRLHF's `RewardModel` / `CriticModel` (openrlhf 0.11.2
   `openrlhf/models/model.py`, `_get_reward_model` / `_get_critic_model`), and
   our mirror of it in `loaders.py`: base model under `base_model_prefix`, a
-  bias-free linear head under `value_head_prefix`, optional `(x - mean) / std`
-  when `normalize_reward`; the head reads the last real token.
+  bias-free linear head under `value_head_prefix`.
+
+OpenRLHF loads either layout into its `RewardModel` (a transformers checkpoint's
+`score` becomes the value head), so both are read by its rules unless told
+otherwise:
+
+- pooling (reward only): 'last' (default), OpenRLHF's rule, the hidden state
+  of the last real token, i.e. the last token of an unpadded prompt+response;
+  'non_pad', transformers' `*ForSequenceClassification.forward` rule, the
+  rightmost token that is not `pad_token_id`. They differ when a response
+  ends in the pad id (EOS-terminated responses where pad == eos).
+- normalisation: `(x - mean) / std` when `normalize_reward`, with mean/std from
+  the config (0/1 when absent), as `RewardModel.__init__` sets its buffers.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+POOLINGS = ("last", "non_pad")  # OpenRLHF's rule, transformers' rule
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,7 @@ class ValueModelParts:
     mean: float
     std: float
     # The reward head reads the rightmost position whose token differs from this
-    # id (transformers' pooling rule); None: the last token (OpenRLHF's rule).
+    # id (pooling 'non_pad'); None: the last token (pooling 'last').
     ignore_token_id: int | None
     layout: str  # "openrlhf" or "transformers"
 
@@ -44,19 +54,23 @@ class CausalLMParts:
     lm_head: nn.Module  # (…, H) -> (…, V)
 
 
-def value_model_parts(model: nn.Module) -> ValueModelParts:
-    """Split a reward/critic model of either supported layout into backbone and head."""
+def value_model_parts(model: nn.Module, pooling: str = "last") -> ValueModelParts:
+    """Split a reward/critic model of either supported layout into backbone and head.
+
+    `pooling` says which position a reward head reads: 'last' (OpenRLHF's rule)
+    or 'non_pad' (transformers' rule); see the module docstring.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     prefix = getattr(model, "value_head_prefix", None)
     if isinstance(prefix, str):  # OpenRLHF layout (theirs or our mirror)
-        mean = float(model.mean.reshape(-1)[0])
-        std = float(model.std.reshape(-1)[0])
         return ValueModelParts(
             backbone=getattr(model, model.base_model_prefix),
             value_head=getattr(model, prefix),
             normalize=bool(model.normalize_reward),
-            mean=mean,
-            std=std,
-            ignore_token_id=None,
+            mean=float(model.mean.reshape(-1)[0]),
+            std=float(model.std.reshape(-1)[0]),
+            ignore_token_id=_ignore_token_id(model.config, pooling),
             layout="openrlhf",
         )
     score = getattr(model, "score", None)
@@ -64,19 +78,29 @@ def value_model_parts(model: nn.Module) -> ValueModelParts:
     if isinstance(score, nn.Linear) and config is not None and type(model).__name__.endswith("ForSequenceClassification"):
         if score.out_features != 1:
             raise ValueError(f"{type(model).__name__} has num_labels={score.out_features}; a reward model needs num_labels=1")
+        # As OpenRLHF's RewardModel.__init__ on this config: the flag is config.normalize_reward
+        # (the loader sets it), mean/std come from the config when it has them.
+        has_stats = hasattr(config, "mean")
         return ValueModelParts(
             backbone=getattr(model, model.base_model_prefix),
             value_head=score,
-            normalize=False,
-            mean=0.0,
-            std=1.0,
-            ignore_token_id=config.get_text_config().pad_token_id,
+            normalize=bool(getattr(config, "normalize_reward", False)),
+            mean=float(config.mean) if has_stats else 0.0,
+            std=float(config.std) if has_stats else 1.0,
+            ignore_token_id=_ignore_token_id(config, pooling),
             layout="transformers",
         )
     raise TypeError(
         f"cannot score with {type(model).__name__}: expected a transformers *ForSequenceClassification "
         "(num_labels=1) or an OpenRLHF-layout reward/critic model (attributes base_model_prefix, value_head_prefix)"
     )
+
+
+def _ignore_token_id(config, pooling: str) -> int | None:
+    """The token id 'non_pad' pooling skips (None when the config sets no pad id: the last token)."""
+    if pooling == "last":
+        return None
+    return config.get_text_config().pad_token_id
 
 
 def causal_lm_parts(model: nn.Module) -> CausalLMParts:

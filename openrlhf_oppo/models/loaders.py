@@ -1,4 +1,9 @@
-"""Load a reward (or critic) model from a local directory, in either layout the scorers read.
+"""Load a reward (or critic) model, in either layout the scorers read.
+
+A model is named by a local directory or a Hugging Face hub id, resolved as
+transformers does (`resolve_model_path`): a directory if one exists at that
+path, else the id through the hub cache (HF_HOME / HF_HUB_CACHE,
+HF_HUB_OFFLINE honoured), downloading what is missing when online.
 
 - **transformers layout**: a `*ForSequenceClassification` checkpoint with
   `num_labels=1` (`config.architectures[0]` ends with `ForSequenceClassification`).
@@ -27,6 +32,10 @@ from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassificati
 
 LAYOUTS = ("auto", "transformers", "openrlhf")
 _OPENRLHF_ARCHITECTURES = ("RewardModel", "CriticModel")
+# What a hub snapshot needs for loading: configs and safetensors weights; pytorch_model*.bin only
+# when a repository has no safetensors (fetching both would double a multi-GB download).
+_HUB_PATTERNS = ("*.json", "*.safetensors")
+_HUB_FALLBACK_PATTERNS = ("pytorch_model*.bin",)
 
 
 class _OpenRLHFValueModel(nn.Module):
@@ -90,6 +99,39 @@ class OpenRLHFCriticModel(_OpenRLHFValueModel):
         return values[:, -action_mask.shape[1] :] * action_mask.float()  # (B, A)
 
 
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """The local directory holding `name_or_path`: itself if it is a directory, else the
+    hub snapshot of that model id (from the cache, downloaded when online and missing).
+
+    Raises FileNotFoundError naming the id when neither exists (e.g. offline and not cached).
+    """
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo_id = str(name_or_path)
+    try:
+        return _hub_snapshot(repo_id)
+    except HFValidationError as exc:
+        raise FileNotFoundError(f"{repo_id!r} is neither a local directory nor a valid hub model id") from exc
+    except (LocalEntryNotFoundError, RepositoryNotFoundError) as exc:
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a local directory, and the hub model id was not found "
+            f"(HF_HUB_CACHE={constants.HF_HUB_CACHE}, HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}): {exc}"
+        ) from exc
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    folder = Path(snapshot_download(repo_id, allow_patterns=list(_HUB_PATTERNS)))
+    if any(folder.glob("*.safetensors")):
+        return folder
+    return Path(snapshot_download(repo_id, allow_patterns=list(_HUB_PATTERNS + _HUB_FALLBACK_PATTERNS)))
+
+
 def detect_layout(path: str | os.PathLike) -> str:
     """'transformers' or 'openrlhf' for the checkpoint directory at `path`."""
     config = json.loads((Path(path) / "config.json").read_text())
@@ -139,10 +181,13 @@ def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward:
     return model.to(dtype).eval()
 
 
-def _load_transformers(path: Path, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
+def _load_transformers(path: Path, normalize_reward: bool, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     if model.config.num_labels != 1:
         raise ValueError(f"{path}: num_labels={model.config.num_labels}; a reward model needs num_labels=1")
+    # As get_llm_for_sequence_regression: the flag goes on the config; the scorers apply it with the
+    # config's mean/std (heads.value_model_parts), since this model's own forward does not normalise.
+    model.config.normalize_reward = normalize_reward
     return model.eval()
 
 
@@ -155,12 +200,14 @@ def load_reward_model(
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
 ) -> nn.Module:
-    """Load a reward model from a local directory, in eval mode, for `StreamingRewardScorer`.
+    """Load a reward model, in eval mode, for `StreamingRewardScorer`.
 
     Args:
+        path: a local directory or a hub model id (see `resolve_model_path`).
         layout: 'auto' (from config.json), 'transformers' or 'openrlhf'.
-        normalize_reward: OpenRLHF layout only, as OpenRLHF's `--reward.normalize_enable`:
-            apply `(r - mean) / std` with `mean`/`std` from config.json (0/1 if absent).
+        normalize_reward: as OpenRLHF's `--reward.normalize_enable`, for either layout:
+            the scorers apply `(r - mean) / std` with `mean`/`std` from config.json (0/1 if
+            absent). A transformers model's own forward stays unnormalised.
         value_head_prefix: OpenRLHF layout only; `value_head_prefix` in config.json wins.
     """
     return _load_value_model(path, OpenRLHFRewardModel, layout, normalize_reward, value_head_prefix, dtype,
@@ -184,15 +231,13 @@ def load_critic_model(
 def _load_value_model(path, cls, layout, normalize_reward, value_head_prefix, dtype, attn_implementation) -> nn.Module:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    path = Path(path)
+    path = resolve_model_path(path)
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path}: no config.json (expected a local model directory)")
+        raise FileNotFoundError(f"{path}: no config.json (expected a model directory)")
     if layout == "auto":
         layout = detect_layout(path)
     if layout == "transformers":
-        if normalize_reward:
-            raise ValueError("normalize_reward applies to the OpenRLHF layout only")
-        return _load_transformers(path, dtype, attn_implementation)
+        return _load_transformers(path, normalize_reward, dtype, attn_implementation)
     return _load_openrlhf(path, cls, normalize_reward, value_head_prefix, dtype, attn_implementation)
 
 

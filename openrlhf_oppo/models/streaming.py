@@ -121,15 +121,19 @@ class StreamingRewardScorer(_StreamingScorer):
             OpenRLHF-layout reward model (see `loaders.load_reward_model`); in eval mode.
         kv_budget_tokens: most tokens kept in KV caches between calls (None: unbounded).
         max_batch_tokens: most padded tokens (`batch * (past + new)`) in one forward.
+        pooling: where the head reads. 'last' (default): the last token of
+            prompt+response, as OpenRLHF's reward model reads any checkpoint;
+            'non_pad': the rightmost token that is not `pad_token_id`, as a
+            transformers `*ForSequenceClassification` forward reads it. They
+            differ when a response ends in the pad id (EOS with pad == eos).
 
-    The head reads the hidden state of the last real token exactly as the model's
-    own forward does (for transformers' layout: the rightmost token that is not
-    `pad_token_id`), and OpenRLHF's `(r - mean) / std` applies when the model has
-    `normalize_reward` set.
+    OpenRLHF's `(r - mean) / std` applies when the model has `normalize_reward`
+    set (for a transformers model: `config.normalize_reward`, see `load_reward_model`).
     """
 
-    def __init__(self, model: nn.Module, kv_budget_tokens: int | None = None, max_batch_tokens: int = 32768):
-        self.parts = value_model_parts(model)
+    def __init__(self, model: nn.Module, kv_budget_tokens: int | None = None, max_batch_tokens: int = 32768,
+                 pooling: str = "last"):
+        self.parts = value_model_parts(model, pooling)
         super().__init__(self.parts.backbone, kv_budget_tokens, max_batch_tokens)
         # seq_id -> hidden state (H,) the head will read, and how many positions were scanned for it
         self._pooled: dict[int, torch.Tensor | None] = {}
@@ -178,7 +182,7 @@ class StreamingRewardScorer(_StreamingScorer):
                 continue
             pos = end - 1
             if ignore is not None:
-                # transformers' rule: rightmost non-pad token, position 0 if there is none
+                # 'non_pad' pooling: rightmost non-pad token, position 0 if there is none
                 while pos > start and tokens[pos] == ignore:
                     pos -= 1
                 if tokens[pos] == ignore and pos > 0:

@@ -102,3 +102,51 @@ def tiny():
         VOCAB=VOCAB,
         PAD_ID=PAD_ID,
     )
+
+
+@pytest.fixture(scope="session")
+def openrlhf_reward_forward():
+    """`load(path, normalize_reward=False) -> forward(ids) -> float`: OpenRLHF's own one-shot reward.
+
+    The model is `openrlhf.models.get_llm_for_sequence_regression(path, "reward")`, as OpenRLHF's
+    reward-model group loads it (value_head_prefix "score", the prefix in config.json wins), run on
+    one unpadded sequence with an all-ones attention mask, in fp32.
+    """
+    from openrlhf_oppo import compat
+
+    compat.apply()  # openrlhf.models imports flash_attn; the compat layer stands in for it on CPU
+    import openrlhf.utils.utils
+    from openrlhf.models import get_llm_for_sequence_regression
+
+    def load(path, normalize_reward: bool = False):
+        with pytest.MonkeyPatch.context() as mp:
+            # its param_dtype takes bf16/fp16 only; fp32 keeps the comparison at 1e-4
+            mp.setattr(openrlhf.utils.utils, "convert_to_torch_dtype", lambda _: torch.float32)
+            model = get_llm_for_sequence_regression(
+                str(path), "reward", param_dtype="bf16", attn_implementation="sdpa", value_head_prefix="score",
+                normalize_reward=normalize_reward,
+            ).eval()
+        # openrlhf 0.11.2 + transformers 5.15: from_pretrained builds the model on the meta device, so the
+        # non-persistent mean/std buffers its __init__ fills from config.json come out uninitialised.
+        # Put back the values that __init__ means to set (config.mean/std when present, else 0/1).
+        config = model.config
+        with torch.no_grad():
+            model.mean.fill_(config.mean if hasattr(config, "mean") else 0.0)
+            model.std.fill_(config.std if hasattr(config, "mean") else 1.0)
+
+        @torch.no_grad()
+        def forward(ids: list[int]) -> float:
+            t = torch.tensor([ids])
+            return float(model(t, attention_mask=torch.ones_like(t))[0])
+
+        return forward
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def hf_reward_forward_in_openrlhf(hf_reward_model, openrlhf_reward_forward, tmp_path_factory):
+    """OpenRLHF's one-shot reward of `hf_reward_model` (saved, then loaded by OpenRLHF's own class)."""
+    path = tmp_path_factory.mktemp("hf_reward_model")
+    hf_reward_model.save_pretrained(path)
+    return openrlhf_reward_forward(path)

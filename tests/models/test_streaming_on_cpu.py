@@ -1,7 +1,9 @@
 """Streamed scoring equals a one-shot forward, for any chunking, batching and KV budget.
 
 Real tiny Qwen2 / Llama models built from a config in code (fp32, no hub); the
-one-shot reference is always the model's own forward on the whole sequence.
+one-shot reference is the model's own forward on the whole sequence, and for a
+transformers reward model under the default pooling OpenRLHF's own reward
+model loading it (`openrlhf_reward_forward` in conftest.py), whose rule that is.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Case:
 @st.composite
 def cases(draw, min_response: int = 0, max_response: int = 40, min_first_chunk: int = 0) -> Case:
     """A random sequence and chunking; with `min_first_chunk`, chunk 0 has that many tokens and is not the last."""
-    # token 0 is the pad id: drawn too, so transformers' "rightmost non-pad" pooling is exercised
+    # token 0 is the pad id: drawn too, so responses ending in it exercise both poolings
     prompt = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12))
     min_response = max(min_response, min_first_chunk + 1)
     response = draw(st.lists(st.integers(0, VOCAB - 1), min_size=min_response, max_size=max_response))
@@ -122,8 +124,21 @@ def assert_close(got: list[float], want: list[float]) -> None:
 
 @settings(**SETTINGS)
 @given(case=cases())
-def test_streamed_reward_equals_one_shot_for_any_chunking(hf_reward_model, case):
+def test_streamed_reward_equals_openrlhfs_one_shot_for_any_chunking(hf_reward_model, hf_reward_forward_in_openrlhf,
+                                                                     case):
+    """Default pooling ('last'): as OpenRLHF's reward model reads this checkpoint, pad ids drawn anywhere."""
     scorer = StreamingRewardScorer(hf_reward_model)
+    scorer.open(7, case.prompt)
+    for chunk in case.chunks[:-1]:
+        scorer.extend(7, chunk)
+    reward = scorer.finish(7, case.chunks[-1])
+    assert abs(reward - hf_reward_forward_in_openrlhf(case.prompt + case.response)) <= TOL
+
+
+@settings(**SETTINGS)
+@given(case=cases())
+def test_streamed_non_pad_reward_equals_its_forward_for_any_chunking(hf_reward_model, case):
+    scorer = StreamingRewardScorer(hf_reward_model, pooling="non_pad")
     scorer.open(7, case.prompt)
     for chunk in case.chunks[:-1]:
         scorer.extend(7, chunk)
@@ -138,7 +153,7 @@ def test_streamed_reward_equals_one_shot_for_any_chunking(hf_reward_model, case)
      ([7, 0], [[0, 9], [0, 0], []])],  # a non-pad token inside an earlier chunk
 )
 def test_transformers_reward_reads_rightmost_non_pad_token_like_its_forward(hf_reward_model, prompt, chunks):
-    scorer = StreamingRewardScorer(hf_reward_model)
+    scorer = StreamingRewardScorer(hf_reward_model, pooling="non_pad")
     scorer.open(0, prompt)
     for chunk in chunks[:-1]:
         scorer.extend(0, chunk)
@@ -188,12 +203,13 @@ def test_reference_temperature_divides_logits(causal_lm):
 
 @settings(**SETTINGS)
 @given(batch=st.lists(cases(), min_size=2, max_size=5), rng=st.randoms(use_true_random=False))
-def test_extend_many_mixing_cached_lengths_equals_one_shot(hf_reward_model, causal_lm, batch, rng):
+def test_extend_many_mixing_cached_lengths_equals_one_shot(hf_reward_model, hf_reward_forward_in_openrlhf, causal_lm,
+                                                           batch, rng):
     batch = dict(enumerate(batch))
     rewards, _ = stream_many(StreamingRewardScorer(hf_reward_model), batch, rng)
     logprobs, per_chunk = stream_many(StreamingReferenceScorer(causal_lm), batch, random.Random(rng.random()))
     for seq_id, case in batch.items():
-        assert abs(rewards[seq_id] - one_shot_reward(hf_reward_model, case.prompt + case.response)) <= TOL
+        assert abs(rewards[seq_id] - hf_reward_forward_in_openrlhf(case.prompt + case.response)) <= TOL
         want = one_shot_logprobs(causal_lm, case.prompt, case.response)
         assert_close(logprobs[seq_id], want)
         assert_close(per_chunk[seq_id], want)
