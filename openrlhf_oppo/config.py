@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 FLAG_PREFIX = "oppo"
+REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -147,6 +148,13 @@ class StreamingConfig:
         "Stream into the critic (its cache is valid within one step only). Not routed by the "
         "OpenRLHF integration yet.",
     )
+    reward_pooling: str = _f(
+        "last",
+        "Where the streamed reward head reads: 'last' = the last token of prompt+response, as "
+        "OpenRLHF's reward model reads it (any checkpoint layout); 'non_pad' = the rightmost token that "
+        "is not the pad id, as a transformers *ForSequenceClassification forward reads it (differs when "
+        "a response ends in the pad id, e.g. EOS with pad == eos).",
+    )
     kv_budget_tokens: int = _f(
         0,
         "KV-cache budget per streaming reward actor in tokens (past it, the least recently extended "
@@ -161,6 +169,8 @@ class StreamingConfig:
 
     def validate(self) -> None:
         _require(self.kv_budget_tokens >= 0, "streaming.kv_budget_tokens", "an integer >= 0", self.kv_budget_tokens)
+        _require(self.reward_pooling in REWARD_POOLING, "streaming.reward_pooling", f"one of {REWARD_POOLING}",
+                 self.reward_pooling)
 
     def scorers(self) -> tuple[str, ...]:
         """Names of the scorers that receive chunks, in a fixed order."""

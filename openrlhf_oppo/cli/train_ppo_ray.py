@@ -28,9 +28,20 @@ INCOMPATIBLE_FLAGS = {
     "--train.partial_rollout_enable": "OPPO carries partial rollouts itself",
     "--vllm.enable_sleep": "carried requests must keep decoding (and their KV cache) while the trainer trains",
     "--algo.dynamic_filtering_enable": "OPPO trains the first B complete groups; filtering would change B",
-    "--reward.remote_url": "OPPO streams chunks into a local reward model (--reward.model_name_or_path)",
-    "--agent.func_path": "OPPO drives single-turn generation itself",
+    "--train.agent_func_path": "OPPO drives single-turn generation itself (agent executors are not streamed)",
+    "--data.max_images_per_prompt": "OPPO's rollout streams text prompts; images would be dropped",
 }
+# refused only when OPPO streams into the reward model (its actors hold it on the device, bf16/fp16)
+STREAMING_REWARD_INCOMPATIBLE = {
+    "--reward.offload": "the streaming reward actors keep the reward model and its KV caches on the device",
+    "--ds.load_in_4bit": "the streaming reward actors load the reward model in --ds.param_dtype, not 4-bit",
+}
+
+
+def streams_rewards(argv: list[str], cfg: oppo_config.OppoConfig) -> bool:
+    """Whether OPPO's streaming reward actors take the place of OpenRLHF's reward group: a
+    reward model and streaming on (a `--reward.remote_url` reward is scored by the engines)."""
+    return not _given("--reward.remote_url", argv) and cfg.streaming.enable and cfg.streaming.reward
 
 
 def _given(flag: str, argv: list[str]) -> bool:
@@ -63,9 +74,14 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
             "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable: "
             "OPPO's overcommit Δ replaces over-sampling"
         )
-
-
-STREAMING_REWARD_URL = "oppo-streaming-reward"  # see openrlhf_argv
+    if streams_rewards(argv, cfg):
+        for flag, why in STREAMING_REWARD_INCOMPATIBLE.items():
+            if _given(flag, argv):
+                raise ValueError(f"{flag} cannot be combined with --oppo.streaming.enable: {why}; "
+                                 f"--oppo.streaming.enable false scores with OpenRLHF's own reward forward")
+    if _given("--eval.dataset", argv) and not _given("--reward.remote_url", argv):
+        raise ValueError("--eval.dataset needs --reward.remote_url: OpenRLHF scores eval samples in the rollout "
+                         "engines with a rule-based or remote reward only")
 
 
 def _value(flag: str, argv: list[str]) -> str | None:
@@ -97,22 +113,14 @@ def _correction_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> list[str]
 
 
 def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
-    """OpenRLHF's flags for this run. When OPPO streams rewards, its streaming reward
-    actors take the place (and the GPUs) of OpenRLHF's reward model group: OpenRLHF
-    builds that group only when `--reward.remote_url` is unset, so a placeholder URL
-    is passed (OPPO's generator never calls OpenRLHF's reward executor). The critic
-    then keeps OpenRLHF's default of starting from the reward model."""
+    """OpenRLHF's flags for this run (all of them: `check_flags` may see a config before its
+    task defaults): the user's, plus the importance-sampling correction
+    `--oppo.staleness.correction` maps to."""
     argv = list(rest)
-    argv += _correction_flags(argv, cfg)
-    if not (cfg.streaming.enable and cfg.streaming.reward):
-        return argv
-    reward_path = _value("--reward.model_name_or_path", argv)
-    if reward_path is None:
-        raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path")
-    argv += ["--reward.remote_url", STREAMING_REWARD_URL]
-    if _value("--critic.model_name_or_path", argv) is None:
-        argv += ["--critic.model_name_or_path", reward_path.split(",")[0]]
-    return argv
+    if streams_rewards(argv, cfg) and _value("--reward.model_name_or_path", argv) is None:
+        raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path "
+                         "(or --reward.remote_url for a rule-based or remote reward)")
+    return argv + _correction_flags(argv, cfg)
 
 
 def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             env_vars[name] = os.environ[name]
     if not ray.is_initialized():
         ray.init(runtime_env={"env_vars": env_vars})  # the trainer actor reads the OPPO config from here
-    patch_driver()
+    patch_driver(streams_rewards(rest, cfg))
     sys.argv = [OPENRLHF_MODULE, *rest]
     runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
     return 0

@@ -169,6 +169,7 @@ class OverlapScheduler:
         self._must_finish: frozenset[int] = frozenset()
         self._batch: TrainBatch | None = None
         self._admitted_this_step = 0
+        self._step_batch_groups = batch_groups  # B, or fewer for a pass's last batch (begin_step)
         self._needs_restream = False
         self._ledger = array("q")  # checkpoint.LEDGER_FIELDS per trained group
         # cumulative statistics
@@ -180,10 +181,17 @@ class OverlapScheduler:
 
     # ------------------------------------------------------------------ step phases
 
-    def begin_step(self, step: int) -> StepPlan:
-        """Start ``step``: admit groups up to B + Δ and fix C for this step."""
+    def begin_step(self, step: int, admit_until: int | None = None) -> StepPlan:
+        """Start ``step``: admit groups up to B + Δ and fix C for this step.
+
+        ``admit_until``: admit only prompt positions below it (the end of a pass over the
+        prompts: OpenRLHF trains every prompt of an episode before the next one starts).
+        When the groups in flight then number fewer than B, the step's batch is all of
+        them: the pass's last, short batch, as OpenRLHF's last batch of an episode."""
         if type(step) is not int:
             raise TypeError(f"step must be an int, got {step!r}")
+        if admit_until is not None and (type(admit_until) is not int or admit_until < 0):
+            raise ValueError(f"admit_until must be an int >= 0 or None, got {admit_until!r}")
         if self._step is not None:
             raise RuntimeError(f"begin_step({step}) while step {self._step} is open; call end_step first")
         if step <= self._last_step:
@@ -194,8 +202,12 @@ class OverlapScheduler:
         self._step_delta = self.delta.value
         carried = tuple(self._groups)
         target = self.batch_groups + self._step_delta
-        admit = self._admit(step, max(0, target - len(self._groups)))
+        count = max(0, target - len(self._groups))
+        if admit_until is not None:
+            count = min(count, max(0, admit_until - self._next_prompt_index))
+        admit = self._admit(step, count)
         self._admitted_this_step = len(admit)
+        self._step_batch_groups = min(self.batch_groups, len(self._groups))
         max_deferrals = self.config.staleness.max_deferral_steps
         self._must_finish = frozenset(g.group_id for g in self._groups.values() if g.deferrals >= max_deferrals)
         restream: tuple[ChunkReady, ...] = ()
@@ -404,6 +416,7 @@ class OverlapScheduler:
 
     def take_batch(self) -> TrainBatch | None:
         """The step's training batch once B groups are complete (and every forced group); else None.
+        (Fewer than B when a pass ends with fewer in flight: `begin_step`'s ``admit_until``.)
 
         Returns a batch at most once per step.
         """
@@ -412,11 +425,12 @@ class OverlapScheduler:
         if self._batch is not None:
             return None
         complete = self._complete
-        if len(complete) < self.batch_groups or any(g not in complete for g in self._must_finish):
+        size = self._step_batch_groups
+        if size == 0 or len(complete) < size or any(g not in complete for g in self._must_finish):
             return None
         forced = self._must_finish
         chosen = [g for g in complete if g in forced] if forced else []
-        chosen += islice((g for g in complete if g not in forced), self.batch_groups - len(chosen))
+        chosen += islice((g for g in complete if g not in forced), size - len(chosen))
         self._batch = self._build_batch(chosen)
         return self._batch
 
@@ -535,6 +549,11 @@ class OverlapScheduler:
     @property
     def next_prompt_index(self) -> int:
         return self._next_prompt_index
+
+    @property
+    def oldest_prompt_index(self) -> int:
+        """The lowest prompt position still in flight (`next_prompt_index` when none is)."""
+        return min((g.prompt_index for g in self._groups.values()), default=self._next_prompt_index)
 
     def held_tokens(self, sample_id: int) -> list[int]:
         """Response tokens held for an in-flight sample (e.g. to resubmit after an abort)."""

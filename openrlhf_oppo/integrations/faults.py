@@ -1,7 +1,8 @@
-"""Crash injection for the reliability tests: ``OPPO_FAULTS="reward@1,rollout@2,driver@3"``
+"""Crash injection for the reliability tests: ``OPPO_FAULTS="reward@1,rollout@2,driver@3,abort@1"``
 kills the streaming reward actor during step 1 and the rollout engine during step 2
 (each after a seeded number of calls), and the trainer (the driver of the PPO loop)
-right after step 3's checkpoint is written. Each fault fires once per run directory,
+right after step 3's checkpoint is written; ``abort@1`` has an engine abort one of its
+requests during step 1 (as vLLM aborts a request). Each fault fires once per run directory,
 restarts included (recorded next to the ledger). Unset, nothing happens; the kills are
 real (`ray.kill`, SIGKILL), the recoveries too."""
 
@@ -14,7 +15,7 @@ import signal
 from openrlhf_oppo.core import ledger
 
 FAULTS_ENV = "OPPO_FAULTS"
-KINDS = ("reward", "rollout", "driver")
+KINDS = ("reward", "rollout", "driver", "abort")
 
 
 def planned(kind: str) -> set[int]:

@@ -39,8 +39,8 @@ from vllm import SamplingParams
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import timeline
 from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch, ledger
-from openrlhf_oppo.integrations.oppo_rollout import SampleRequest
-from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardRayActor
+from openrlhf_oppo.integrations.oppo_rollout import SampleDelta, SampleRequest
+from openrlhf_oppo.integrations.oppo_scorer import SCORER_RESTARTS
 from openrlhf_oppo.integrations.oppo_trace import write_trace
 from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
 from openrlhf_oppo.integrations import faults, timeline_hooks
@@ -49,9 +49,19 @@ CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo
 TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
 REWARD = "reward"
 POLL_S = 1.0  # an engine answers `next_outputs` when it has a chunk or a finished sample, or after this long
-SCORER_RESTARTS = 3  # Ray restarts a dead reward actor this often; more deaths in one step fail the run
 SCORER_RESTART_TIMEOUT_S = 300.0  # a restarted reward actor reloads its model
+ABORT_RETRIES = 3  # an engine aborting one sample more often than this fails the step
 NO_CHUNKS = 1 << 30  # wake threshold when nothing is streamed: only finished samples wake the driver
+
+
+def reward_mode(args, oppo: oppo_config.OppoConfig) -> str:
+    """How OPPO gets a sample's reward: "rule" (`--reward.remote_url`, a `.py` reward function
+    or an HTTP endpoint: the engine scores each sample the moment it finishes, through
+    OpenRLHF's own executor; nothing to prefill), "stream" (chunks prefilled by the reward
+    model while the actor decodes) or "batch" (OpenRLHF's reward forward on the batch)."""
+    if args.reward.remote_url:
+        return "rule"
+    return "stream" if oppo.streaming.enable and oppo.streaming.reward else "batch"
 
 
 def config_from_env() -> oppo_config.OppoConfig:
@@ -86,37 +96,35 @@ class PromptStream:
 
 
 class OppoSamplesGenerator(SamplesGenerator):
-    def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines):
+    def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, reward_actors=()):
+        """`reward_actors`: OpenRLHF's reward group when OPPO streams into it (its members are
+        `StreamingRewardModelActor`s, placed by OpenRLHF; `reward_model_mode`)."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         args = self.args
         self.oppo = config_from_env()
-        # Streaming on: OPPO's reward actors prefill chunks and supply the rewards.
-        # Streaming off (oppo-inter): OpenRLHF's own reward forward scores the batch.
-        self.streaming = self.oppo.streaming.enable and self.oppo.streaming.reward
+        self.reward_mode = reward_mode(args, self.oppo)
+        # "stream": OPPO's reward actors prefill chunks and supply the rewards.
+        # "rule": the engines score each sample with --reward.remote_url the moment it finishes.
+        # "batch" (oppo-inter): OpenRLHF's own reward forward scores the batch.
+        self.streaming = self.reward_mode == "stream"
         self.record_logprobs = args.algo.advantage.is_correction_level != "off"  # recorded only when used
-        if self.streaming and not args.reward.model_name_or_path:
-            raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path")
         self.scheduler = OverlapScheduler(
             self.oppo,
             batch_groups=args.rollout.batch_size,
             samples_per_group=args.rollout.n_samples_per_prompt,
             scorers=(REWARD,) if self.streaming else (),
         )
-        # The streaming actors replace OpenRLHF's reward group (cli.train_ppo_ray.openrlhf_argv):
-        # as many, one GPU each (a logical one where the CPU compat layer declares them).
-        num_scorers = max(1, args.reward.num_nodes * args.reward.num_gpus_per_node) if self.streaming else 0
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
         # a reward actor that dies is restarted by Ray; its held samples are re-prefilled (`_restart_scorer`)
-        self.reward_actors = [
-            StreamingRewardRayActor.options(num_cpus=0, num_gpus=gpus, max_restarts=SCORER_RESTARTS).remote(
-                args.reward.model_name_or_path,
-                self.oppo.streaming.kv_budget_tokens,
-                bool(args.reward.normalize_enable),
-                args.ds.value_head_prefix,
-                1 if gpus else num_scorers,  # a derived KV budget: CPU actors share the host's memory
-            )
-            for _ in range(num_scorers)
-        ]
+        self.reward_actors = list(reward_actors) if self.streaming else []
+        if self.streaming and not self.reward_actors:
+            raise RuntimeError("OPPO streams rewards but OpenRLHF built no reward group (see oppo_trainer.patch_driver)")
+        if self.reward_mode == "rule":  # the engines decode the query text as OpenRLHF's executor does
+            ray.get([e.set_reward_tokenizer.remote(tokenizer) for e in self.vllm_engines])
+        self.rule_rewards: dict[int, dict] = {}  # sample id -> {"reward", "scores", "extra_logs"} from its engine
+        self.aborts: dict[int, int] = {}  # sample id -> times its engine aborted it (restarted from its tokens)
+        self.step_aborted = 0  # aborted requests restarted this step
+        self.sampling_params: SamplingParams | None = None  # set by each step's admission
+        self.max_len = 2048
         # actor index -> (most KV tokens held after a call this step, after its latest call)
         self.scorer_kv_tokens: dict[int, tuple[int, int]] = {}
         self.scorer_kv_budget_tokens = 0  # summed over actors, from their replies
@@ -165,18 +173,19 @@ class OppoSamplesGenerator(SamplesGenerator):
             self._ledger_event("start", last_step=self.step - 1, held=list(self.scheduler.in_flight_groups),
                                next_group_id=self.scheduler.next_prompt_index, per_pass=len(self.prompts_dataloader))
             self.ledger_started = True
-        plan = self.scheduler.begin_step(self.step)
+        # One pass over the prompts is one OpenRLHF episode: no prompt of the next pass is
+        # admitted before every prompt of this one is trained, and the step that trains the
+        # pass's last groups ends the episode (OpenRLHF's step count and LR schedule hold).
+        per_pass = len(self.prompts_dataloader)
+        boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
+        plan = self.scheduler.begin_step(self.step, admit_until=boundary)
         self.step_overlap_tokens = [0, 0]
         self._admit(plan, generate_kwargs)
-        # The step that admits the last prompt of a pass ends OpenRLHF's episode (as its
-        # own generator reports the dataloader exhausted); carried groups go on.
-        per_pass = len(self.prompts_dataloader)
-        end = self.scheduler.next_prompt_index
-        exhausted = bool(plan.admit) and end // per_pass > plan.admit[0].prompt_index // per_pass
         self._dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
         batch, self.step_generated_tokens = self._stream_until_batch(plan.chunk_size_tokens if self.streaming else NO_CHUNKS)
         self.step_gen_s = time.time() - self.step_started_s
         self.open_batch = batch
+        exhausted = self.scheduler.oldest_prompt_index >= boundary  # the batch held the pass's last groups
         # groups in stream order, not completion order: training sees a reproducible order
         groups = sorted(batch.groups, key=lambda g: g.prompt_index)
         experiences = [self._experience(g, s, generate_kwargs) for g in groups for s in g.samples]
@@ -195,8 +204,9 @@ class OppoSamplesGenerator(SamplesGenerator):
             "oppo/policy_version": float(self.step),
             "oppo/overlap_fraction": before / max(before + at_end, 1),
             "oppo/scorer_restarts": float(self.scorer_restarts),
+            "oppo/aborted_requests": float(self.step_aborted),
         }
-        self.scorer_restarts = self.step_reward_calls = self.step_polls = 0
+        self.scorer_restarts = self.step_reward_calls = self.step_polls = self.step_aborted = 0
         if self.reward_actors:
             # reward calls acknowledged by now; busy time summed over actors, clipped to the phase
             end = self.step_started_s + self.step_gen_s
@@ -209,7 +219,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             metrics["oppo/scorer_kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
             self.scorer_kv_tokens = {idx: (last, last) for idx, (_, last) in self.scorer_kv_tokens.items()}
         if self.trace_path:
-            write_trace(self.trace_path, self.scheduler, batch, report, self.prompts, self.scores)
+            rewards = {sid: r["reward"] for sid, r in self.rule_rewards.items()} if self.reward_mode == "rule" else self.scores
+            write_trace(self.trace_path, self.scheduler, batch, report, self.prompts, rewards)
         self._ledger_event("step", step=report.step, admitted=self.step_admitted,
                            trained=[[g.group_id, g.deferrals] for g in batch.groups], held=list(report.carried_groups))
         for g in batch.groups:  # trained: nothing of it is needed again
@@ -217,6 +228,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.engine_of.pop(g.group_id, None)
             for s in g.samples:
                 self.scores.pop(s.sample_id, None)
+                self.rule_rewards.pop(s.sample_id, None)
+                self.aborts.pop(s.sample_id, None)
                 self.finished_s.pop(s.sample_id, None)
         self.step += 1
         self.progress.update()
@@ -243,12 +256,9 @@ class OppoSamplesGenerator(SamplesGenerator):
     def _admit(self, plan, generate_kwargs) -> None:
         """Start the plan's new groups (and, after a checkpoint load, the held ones):
         each sample on its engine and, when streaming, opened on its reward actor."""
-        params = self._sampling_params(generate_kwargs)
-        max_len = generate_kwargs.get("max_len", 2048)
-
-        def budget(prompt_len: int) -> int:  # response tokens, as OpenRLHF's executor sizes them
-            return params.max_tokens if params.max_tokens is not None else max(1, max_len - prompt_len)
-
+        params = self.sampling_params = self._sampling_params(generate_kwargs)
+        max_len = self.max_len = generate_kwargs.get("max_len", 2048)
+        budget = self._budget
         per_engine: dict[int, list[SampleRequest]] = {}
         self.step_admitted = []
         opens: dict[int, dict[int, list[int]]] = {}
@@ -257,7 +267,9 @@ class OppoSamplesGenerator(SamplesGenerator):
             if self.reward_actors:
                 opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
             if held is not None:  # None: finished already, nothing to decode
-                req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)), seed)
+                prompt, label, _ = self.prompts[gid]
+                query = (prompt, label) if self.reward_mode == "rule" else None
+                req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)), seed, query)
                 per_engine.setdefault(self.engine_of[gid], []).append(req)
 
         load = [0] * len(self.vllm_engines)  # groups decoding on each engine
@@ -292,6 +304,11 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.reward_actors[idx].open_many.remote(prompts)
         ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
 
+    def _budget(self, prompt_len: int) -> int:
+        """Response tokens of a sample, as OpenRLHF's executor sizes them."""
+        max_tokens = self.sampling_params.max_tokens
+        return max_tokens if max_tokens is not None else max(1, self.max_len - prompt_len)
+
     def _seed(self, slot: int, prompt: str, sample_index: int) -> int | None:
         """vLLM seed of a request started now (`--train.full_determinism_enable`), as
         OpenRLHF's schedules seed theirs (integrations.seeding); None: engine RNG."""
@@ -310,6 +327,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             ray.wait([*self.polls.values(), *(ref for ref, *_ in self.pending)], num_returns=1)
             done = set(ray.wait(list(self.polls.values()), num_returns=len(self.polls), timeout=0)[0])
             chunks: list[ChunkReady] = []
+            aborted: list[SampleDelta] = []
             for idx, ref in list(self.polls.items()):
                 if ref not in done:
                     continue
@@ -317,15 +335,48 @@ class OppoSamplesGenerator(SamplesGenerator):
                 for d in self._engine_reply(idx, ref):
                     generated += len(d.token_ids)
                     chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
-                    if d.finish_reason is not None:
+                    if d.finish_reason == "abort":  # not an answer: decoded on from its tokens, never trained
+                        aborted.append(d)
+                    elif d.finish_reason is not None:
                         self.finished_s[d.sample_id] = d.time_s
                         for end_s, n in self.prefilled_early.pop(d.sample_id, ()):
                             self.step_overlap_tokens[0 if end_s <= d.time_s else 1] += n
+                        if self.reward_mode == "rule":
+                            self.rule_rewards[d.sample_id] = self._rule_reward(d)
                         chunks += self.scheduler.on_finished(d.sample_id, d.finish_reason)
             self._dispatch(chunks)
+            self._restart_aborted(aborted)
             self._collect_scores()
             batch = self.scheduler.take_batch()
         return batch, generated
+
+    def _rule_reward(self, d: SampleDelta) -> dict:
+        if d.reward is None:
+            raise RuntimeError(f"OPPO step {self.step}: --reward.remote_url gave no reward for sample {d.sample_id} "
+                               f"(group {self.scheduler.group_of(d.sample_id)}): {d.error}")
+        return d.reward
+
+    def _restart_aborted(self, aborted: list[SampleDelta]) -> None:
+        """An aborted request (an engine-side failure) decodes on from the tokens it had, on
+        its group's engine; a sample aborted `ABORT_RETRIES` times fails the step."""
+        per_engine: dict[int, list[SampleRequest]] = {}
+        for d in aborted:
+            sid = d.sample_id
+            self.aborts[sid] = self.aborts.get(sid, 0) + 1
+            if self.aborts[sid] > ABORT_RETRIES:
+                raise RuntimeError(f"OPPO step {self.step}: sample {sid} was aborted by its engine "
+                                   f"{self.aborts[sid]} times; last error: {d.error}")
+            gid = self.scheduler.group_of(sid)
+            prompt, label, prompt_ids = self.prompts[gid]
+            held = self.scheduler.held_tokens(sid)
+            query = (prompt, label) if self.reward_mode == "rule" else None
+            per_engine.setdefault(self.engine_of[gid], []).append(
+                SampleRequest(sid, prompt_ids, held, self._budget(len(prompt_ids)), None, query))
+            print(f"OPPO: sample {sid} aborted by its engine ({d.error}); decoding on from its {len(held)} tokens",
+                  flush=True)
+        self.step_aborted += len(aborted)
+        if per_engine:
+            ray.get([self.vllm_engines[i].start_samples.remote(reqs, self.sampling_params) for i, reqs in per_engine.items()])
 
     def _engine_reply(self, idx: int, ref) -> list:
         """An engine's `next_outputs`. A dead engine stops the run: a new one would hold the
@@ -343,6 +394,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step_polls += 1
         if faults.due("rollout", self.step, self.step_polls):
             ray.kill(self.vllm_engines[idx], no_restart=True)
+        if faults.due("abort", self.step, self.step_polls):
+            print(f"OPPO fault injection: engine {idx} aborted sample "
+                  f"{ray.get(self.vllm_engines[idx].abort_one.remote())}", flush=True)
         return outputs
 
     def _dispatch(self, chunks: list[ChunkReady]) -> None:
@@ -408,8 +462,9 @@ class OppoSamplesGenerator(SamplesGenerator):
             self._restart_scorer(idx)
 
     def _restart_scorer(self, idx: int) -> None:
-        """Ray restarts a dead reward actor empty: reopen its held samples and re-send
-        every token the scheduler recorded for them; their scores are computed anew."""
+        """Ray restarts a dead reward actor empty (its constructor only): reload its model as
+        OpenRLHF first loaded it, reopen its held samples and re-send every token the
+        scheduler recorded for them; their scores are computed anew."""
         self.scorer_restarts += 1
         if self.scorer_restarts > SCORER_RESTARTS:
             raise RuntimeError(f"OPPO: reward actor {idx} died {self.scorer_restarts} times in step {self.step}; giving up")
@@ -418,9 +473,11 @@ class OppoSamplesGenerator(SamplesGenerator):
                 if sid % len(self.reward_actors) == idx]
         opens = {sid: self.prompts[sched.group_of(sid)][2] for sid in held}
         deadline = time.time() + SCORER_RESTART_TIMEOUT_S
+        actor = self.reward_actors[idx]
         while True:  # calls made while Ray restarts the actor fail with ActorUnavailableError: wait for it
             try:
-                ray.get(self.reward_actors[idx].open_many.remote(opens))
+                ray.get(actor.init_model_from_pretrained.remote(self.strategy, self.args.reward.model_name_or_path))
+                ray.get(actor.open_many.remote(opens))
                 break
             except ray.exceptions.ActorUnavailableError:
                 if time.time() > deadline:
@@ -437,10 +494,13 @@ class OppoSamplesGenerator(SamplesGenerator):
     def _experience(self, group, sample, generate_kwargs):
         prompt, label, prompt_ids = self.prompts[group.group_id]
         tokens = sample.token_ids
-        reward = self.scores[sample.sample_id] if self.streaming else None  # None: OpenRLHF's reward forward
+        # None: OpenRLHF's reward forward scores the batch
+        scored = {"stream": lambda: {"reward": self.scores[sample.sample_id]},
+                  "rule": lambda: self.rule_rewards[sample.sample_id], "batch": dict}[self.reward_mode]()
+        reward = scored.get("reward")
         if reward is not None and not math.isfinite(reward):
-            raise ValueError(f"OPPO step {self.step}: the reward model scored sample {sample.sample_id} "
-                             f"(group {group.group_id}, {len(tokens)} response tokens) {reward}; refusing to train on it")
+            raise ValueError(f"OPPO step {self.step}: the reward of sample {sample.sample_id} (group {group.group_id}, "
+                             f"{len(tokens)} response tokens) is {reward}; refusing to train on it")
         response = {
             "prompt": prompt,
             "label": label,
@@ -451,8 +511,8 @@ class OppoSamplesGenerator(SamplesGenerator):
             "rollout_log_probs": [0.0] * len(prompt_ids) + sample.rollout_logprobs if self.record_logprobs else None,
             "truncated": sample.finish_reason == "length",
             "reward": reward,
-            "scores": reward,
-            "extra_logs": {},
+            "scores": scored.get("scores", reward),
+            "extra_logs": scored.get("extra_logs", {}),
         }
         return self._process_response_into_experience(response, **generate_kwargs)
 

@@ -4,6 +4,10 @@ partial outputs instead of discarding them.
 Written against OpenRLHF 0.11.2 (`openrlhf.trainer.ray.vllm_engine.RolloutRayActor`)
 and vLLM 0.29.0 (`AsyncLLM.generate` with `RequestOutputKind.DELTA`).
 
+With `--reward.remote_url` (a `.py` reward function or an HTTP endpoint) a finished
+sample is scored right here, through OpenRLHF's own `SingleTurnAgentExecutor` reward
+code, before its last delta is handed over: scoring runs while other samples decode.
+
 Requests run as asyncio tasks inside the actor and outlive the call that started
 them, so a carried sample keeps decoding while the trainer trains; every delta
 (new token ids, their logprobs, the policy version that produced them, and the
@@ -37,6 +41,8 @@ class SampleRequest:
     held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
     max_tokens: int  # response budget, held tokens included
     seed: int | None = None  # vLLM per-request seed (integrations.seeding); None: the engine's RNG
+    # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
+    reward_query: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class SampleDelta:
     policy_version: int
     finish_reason: str | None  # "stop" | "length" | "abort" on the last delta of a sample
     time_s: float  # when the engine produced it (time.time()): a finished sample's end
+    reward: dict | None = None  # on a finished sample's last delta with --reward.remote_url: reward, scores, extra_logs
+    error: str | None = None  # why the sample was aborted, or its reward could not be had
 
 
 class OppoRolloutActor(_BASE):
@@ -62,13 +70,26 @@ class OppoRolloutActor(_BASE):
         self._drained: dict[int, int] = {}  # sample id -> of those, handed to the caller
         self._wake_tokens = 1  # set by next_outputs: a sample crossing a multiple of it wakes the caller
         self._tasks: dict[int, asyncio.Task] = {}
+        self._request_ids: dict[int, str] = {}  # sample id -> its vLLM request while it decodes
         self._policy_version = 0
+        self._reward_tokenizer = None  # the trainer's tokenizer: reward queries are decoded with it, as OpenRLHF does
 
     async def pause_generation(self, keep_kv_cache: bool = False) -> None:
         """OpenRLHF's pause (mode "keep": requests stay queued), optionally keeping their
         KV cache: vLLM 0.29 otherwise clears it and re-prefills every carried request."""
         with timeline.RECORDER.timed("rollout", "pause"):
             await self.llm.pause_generation(mode="keep", clear_cache=not keep_kv_cache)
+
+    async def abort_one(self) -> int | None:
+        """Abort one request still decoding, as vLLM aborts a request (crash injection,
+        `integrations.faults`); its sample id, or None when none decodes."""
+        for sid, rid in list(self._request_ids.items()):
+            await self.llm.abort(rid)
+            return sid
+        return None
+
+    def set_reward_tokenizer(self, tokenizer) -> None:
+        self._reward_tokenizer = tokenizer
 
     def set_policy_version(self, version: int) -> None:
         """Called while generation is paused for a weight sync: later tokens carry `version`."""
@@ -80,56 +101,83 @@ class OppoRolloutActor(_BASE):
         for req in requests:
             if req.sample_id in self._tasks:
                 raise ValueError(f"sample {req.sample_id} is already decoding on this engine")
+            if req.reward_query is not None and self._reward_tokenizer is None:
+                raise ValueError("set_reward_tokenizer must be called before samples scored by --reward.remote_url")
             params = deepcopy(sampling_params)
             params.output_kind = RequestOutputKind.DELTA
             params.max_tokens = req.max_tokens - len(req.held_ids)
             params.seed = req.seed
-            if params.max_tokens <= 0:
-                no_logprobs = array("d") if params.logprobs else None
-                self._push(SampleDelta(req.sample_id, array("i"), no_logprobs, self._policy_version, "length", time.time()))
-                continue
             self._tasks[req.sample_id] = asyncio.create_task(self._decode(req, params))
 
     async def _decode(self, req: SampleRequest, params) -> None:
         from vllm.inputs import TokensPrompt
         from vllm.utils import random_uuid
 
+        sid = req.sample_id
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids) + list(req.held_ids))
-        finish_reason = "abort"
+        finish_reason, error = "abort", None
+        response = list(req.held_ids) if req.reward_query is not None else None  # kept only to be scored
+        last = None  # the finishing delta (token ids, logprobs, policy version), pushed once its reward is known
         opened, decoded = timeline.RECORDER.open_sample("rollout"), 0
-        self._decoded[req.sample_id] = self._drained[req.sample_id] = len(req.held_ids)
+        self._decoded[sid] = self._drained[sid] = len(req.held_ids)
         try:
-            async for out in self.llm.generate(prompt, params, request_id=f"oppo-{req.sample_id}-{random_uuid()}"):
-                comp = out.outputs[0]
-                logprobs = None
-                if params.logprobs is not None and comp.logprobs is not None:
-                    logprobs = array("d", [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)])
-                decoded += len(comp.token_ids)
-                reason = comp.finish_reason if out.finished else None
-                if reason is not None:
+            if params.max_tokens <= 0:  # its budget was used up before a restart: finished as it is
+                finish_reason = "length"
+                last = (array("i"), array("d") if params.logprobs else None, self._policy_version)
+            else:
+                rid = self._request_ids[sid] = f"oppo-{sid}-{random_uuid()}"
+                async for out in self.llm.generate(prompt, params, request_id=rid):
+                    comp = out.outputs[0]
+                    logprobs = None
+                    if params.logprobs is not None and comp.logprobs is not None:
+                        logprobs = array("d", [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)])
+                    decoded += len(comp.token_ids)
+                    if response is not None:
+                        response += comp.token_ids
+                    if not out.finished:
+                        self._push(SampleDelta(sid, array("i", comp.token_ids), logprobs, self._policy_version, None,
+                                               time.time()))
+                        continue
+                    reason = comp.finish_reason
                     finish_reason = "length" if reason == "length" else "abort" if reason == "abort" else "stop"
-                self._push(
-                    SampleDelta(
-                        req.sample_id,
-                        array("i", comp.token_ids),
-                        logprobs,
-                        self._policy_version,
-                        finish_reason if out.finished else None,
-                        time.time(),
-                    )
-                )
-                if out.finished:
-                    return
-            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, finish_reason, time.time()))
+                    last = (array("i", comp.token_ids), logprobs, self._policy_version)
+                    break
+            if last is None:  # the stream ended without a finished output
+                finish_reason, last = "abort", (array("i"), None, self._policy_version)
+            reward = None
+            if response is not None and finish_reason != "abort":
+                reward, error = await self._reward(req, response)
+            self._push(SampleDelta(sid, last[0], last[1], last[2], finish_reason, time.time(), reward, error))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # surface engine failures to the generator, do not lose the sample silently
-            self._push(SampleDelta(req.sample_id, array("i"), None, self._policy_version, "abort", time.time()))
-            raise RuntimeError(f"OPPO rollout: sample {req.sample_id} failed: {exc!r}") from exc
+            self._push(SampleDelta(sid, array("i"), None, self._policy_version, "abort", time.time(), error=repr(exc)))
+            raise RuntimeError(f"OPPO rollout: sample {sid} failed: {exc!r}") from exc
         finally:
-            self._tasks.pop(req.sample_id, None)
-            timeline.RECORDER.sample("rollout", opened, decoded, finish_reason,
-                                     sample=req.sample_id, held=len(req.held_ids))
+            self._tasks.pop(sid, None)
+            self._request_ids.pop(sid, None)
+            timeline.RECORDER.sample("rollout", opened, decoded, finish_reason, sample=sid, held=len(req.held_ids))
+
+    async def _reward(self, req: SampleRequest, tokens: list[int]) -> tuple[dict | None, str | None]:
+        """The sample's reward from --reward.remote_url, as OpenRLHF's `SingleTurnAgentExecutor.execute`
+        gets it (query = prompt + response decoded with special tokens; a `.py` reward_func or HTTP)."""
+        prompt, label = req.reward_query
+        query = self._reward_tokenizer.decode(list(req.prompt_ids) + tokens, skip_special_tokens=False)
+        executor = self.executor
+        try:
+            if executor.reward_func:
+                infos = await executor._fetch_rewards_via_func([query], [prompt], [label])
+            else:
+                infos = await executor._fetch_rewards_via_http([query], [prompt], [label])
+            info = infos[0] if infos else None
+            if not info:
+                return None, f"{executor.reward_endpoints[0]} returned nothing"
+            reward = _scalar(info.get("rewards"))
+            scores = info.get("scores")
+            return {"reward": reward, "scores": reward if scores is None else _scalar(scores),
+                    "extra_logs": {k: _scalar(v) for k, v in (info.get("extra_logs") or {}).items()}}, None
+        except Exception as exc:  # named with the sample by the generator
+            return None, f"{executor.reward_endpoints[0]}: {exc!r}"
 
     def _push(self, delta: SampleDelta) -> None:
         self._outbox.append(delta)
@@ -163,6 +211,15 @@ class OppoRolloutActor(_BASE):
                 self._drained.pop(d.sample_id, None)
         self._outbox_ready.clear()
         return out
+
+
+def _scalar(value) -> float:
+    """A reward function's value (a float, or a one-element tensor / list) as a float."""
+    if hasattr(value, "reshape"):
+        value = value.reshape(-1)[0]
+    elif isinstance(value, (list, tuple)):
+        value = value[0]
+    return float(value)
 
 
 OppoRolloutRayActor = ray.remote(OppoRolloutActor)

@@ -1,12 +1,18 @@
-"""Streaming reward actor group: OPPO's replacement for OpenRLHF's batched reward forward.
+"""Streaming reward actors: OPPO's replacement for OpenRLHF's batched reward forward.
 
 Each actor holds a `StreamingRewardScorer` (incremental prefill with a KV cache per
 sequence). Calls from one caller run in submission order, so routing a sample
 always to the same actor (``sample_id % len(group)``) keeps its chunks in order.
-Not ZeRO-3: calls are per chunk batch, a plain forward of a frozen model. On a GPU
-cluster each actor takes one GPU (`num_gpus=1`); OpenRLHF still creates its own reward
-model group (its `train()` does whenever `--reward.remote_url` is unset), which then
-sits idle while OPPO streams.
+
+`StreamingRewardModelActor` takes the place of OpenRLHF 0.11.2's `RewardModelActor`
+in OpenRLHF's own reward group (`cli.train_ppo_ray` builds it with
+`RayActorGroup(..., RewardModelActor, pg=pg, num_gpus_per_actor=0.2 if pg else 1)`),
+so it is placed exactly where OpenRLHF places its reward model: a GPU of its own, or
+a share of the colocated placement group under `--train.colocate_all` /
+`--train.colocate_critic_reward`. It loads the model as OpenRLHF's reward actor does
+(`--ds.param_dtype`, `--ds.attn_implementation`, `--reward.normalize_enable`,
+`--ds.value_head_prefix`; a hub id or a local path), without DeepSpeed: a chunk
+batch is a plain forward of a frozen model.
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import time
 from dataclasses import dataclass
 
 import ray
+from openrlhf.trainer.ray.launcher import BaseModelActor
 
 from openrlhf_oppo import timeline
+
+SCORER_RESTARTS = 3  # Ray restarts a dead reward actor this often (the generator then reloads its model)
 
 
 @dataclass(frozen=True)
@@ -34,23 +43,25 @@ class StreamingRewardActor:
     """One reward-model replica that prefills chunks and scores finished sequences."""
 
     def __init__(self, model_path: str, kv_budget_tokens: int, normalize_reward: bool, value_head_prefix: str,
-                 scorers_per_host: int = 1):
+                 scorers_per_host: int = 1, *, param_dtype: str | None = None, attn_implementation: str = "sdpa",
+                 pooling: str = "last"):
         """`kv_budget_tokens` 0: derived from the device's memory once the model is loaded
-        (`models.budget`); on a CPU host, split among `scorers_per_host` actors."""
+        (`models.budget`); on a CPU host, split among `scorers_per_host` actors.
+        `param_dtype` "bf16" / "fp16" as OpenRLHF's `--ds.param_dtype`; None: fp32."""
         import torch
 
         from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model
         from openrlhf_oppo.models.budget import auto_kv_budget
 
         torch.set_grad_enabled(False)
-        # fp32 on CPU; on a GPU the reward model's own bf16, as OpenRLHF runs it
-        cuda = torch.cuda.is_available()
+        dtype = {None: torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[param_dtype]
         model = load_reward_model(
             model_path,
             normalize_reward=normalize_reward,
             value_head_prefix=value_head_prefix,
-            dtype=torch.bfloat16 if cuda else torch.float32,
-        ).to("cuda" if cuda else "cpu")
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+        ).to("cuda" if torch.cuda.is_available() else "cpu")
         if kv_budget_tokens > 0:
             how = "--oppo.streaming.kv_budget_tokens"
         else:
@@ -58,7 +69,7 @@ class StreamingRewardActor:
             auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host)
             kv_budget_tokens, how = auto.tokens, f"auto: {auto.how}"
         print(f"OPPO streaming reward actor: KV budget {kv_budget_tokens:,} tokens ({how})", flush=True)
-        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens)
+        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens, pooling=pooling)
 
     def open_many(self, prompts: dict[int, list[int]]) -> None:
         for seq_id, prompt_ids in prompts.items():
@@ -81,4 +92,47 @@ class StreamingRewardActor:
         return ScoreReply(scores, t0, t2, self.scorer.cached_tokens, self.scorer.kv_budget_tokens)
 
 
-StreamingRewardRayActor = ray.remote(StreamingRewardActor)
+class StreamingRewardModelActor(BaseModelActor):
+    """OpenRLHF's reward-group member, streaming: `init_model_from_pretrained` is what
+    OpenRLHF's trainer calls on its reward group; `open_many` / `process` are OPPO's."""
+
+    def init_model_from_pretrained(self, strategy, pretrain: str) -> None:
+        import torch
+
+        from openrlhf_oppo.integrations.oppo_generator import config_from_env
+
+        args, oppo = strategy.args, config_from_env()
+        if not isinstance(pretrain, str) or "," in pretrain:
+            raise ValueError(f"--reward.model_name_or_path: OPPO streams into one reward model, got {pretrain!r}")
+        t0 = time.time()
+        cpu_actors = 1 if torch.cuda.is_available() else args.reward.num_nodes * args.reward.num_gpus_per_node
+        self.streaming = StreamingRewardActor(
+            pretrain,
+            oppo.streaming.kv_budget_tokens,
+            bool(args.reward.normalize_enable),
+            args.ds.value_head_prefix,
+            cpu_actors,  # a derived KV budget: CPU actors share the host's memory
+            param_dtype=args.ds.param_dtype,
+            attn_implementation=args.ds.attn_implementation,
+            pooling=oppo.streaming.reward_pooling,
+        )
+        ctx = ray.get_runtime_context()  # where OpenRLHF placed it: its reward group's placement
+        placement = {"placement_group": ctx.get_placement_group_id(), "gpus": ctx.get_assigned_resources().get("GPU", 0)}
+        print(f"OPPO streaming reward actor: loaded {pretrain} ({placement})", flush=True)
+        timeline.RECORDER.span("reward", "load", t0, time.time(), **placement)
+
+    def empty_cache(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def open_many(self, prompts: dict[int, list[int]]) -> None:
+        self.streaming.open_many(prompts)
+
+    def process(self, extends: dict[int, list[int]], finishes: dict[int, list[int]]) -> ScoreReply:
+        return self.streaming.process(extends, finishes)
+
+
+# a dead actor is restarted by Ray in its place (its bundle); the generator reloads its model
+StreamingRewardModelRayActor = ray.remote(num_gpus=1, max_restarts=SCORER_RESTARTS)(StreamingRewardModelActor)

@@ -12,7 +12,7 @@ from openrlhf_oppo.core import OverlapScheduler, TrainBatch
 def write_trace(path: str, scheduler: OverlapScheduler, batch: TrainBatch, report,
                 prompts: dict[int, tuple[str, str, list[int]]], scores: dict[int, float]) -> None:
     """Append step `report.step`: `prompts` is group id -> (prompt, label, prompt ids),
-    `scores` sample id -> streamed reward (absent: OpenRLHF's reward forward)."""
+    `scores` sample id -> streamed or rule-based reward (absent: OpenRLHF's reward forward)."""
     carried = {}
     for gid in report.carried_groups:
         for sid in scheduler.group_sample_ids(gid):

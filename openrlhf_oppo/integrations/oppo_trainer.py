@@ -1,6 +1,6 @@
 """Every point where OPPO touches OpenRLHF's PPO pipeline (written against OpenRLHF 0.11.2).
 
-Two names are swapped in the driver process before OpenRLHF's `train_ppo_ray.train`
+Three names are swapped in the driver process before OpenRLHF's `train_ppo_ray.train`
 runs; both are looked up by name at call time there:
 
 1. `openrlhf.trainer.ppo_trainer.PPOTrainer` -> `OppoPPOTrainer`, one subclass of
@@ -17,6 +17,9 @@ runs; both are looked up by name at call time there:
    - refuses to train on NaN/inf values, rewards, log-probs or losses, or on a
      response without tokens (`guards`), naming the step and samples.
 2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
+3. When OPPO streams rewards: `openrlhf.trainer.ray.launcher.RewardModelActor` ->
+   `StreamingRewardModelRayActor`, so OpenRLHF's own reward group (its placement,
+   colocated or not, and its model flags) is made of streaming reward actors.
 
 (Ray copies an actor class's methods when it wraps it, so patching
 `BasePPOTrainer` in place would not reach the running trainer; a subclass does.)
@@ -30,11 +33,13 @@ import os
 
 import ray
 from openrlhf.trainer import ppo_trainer as _ppo_trainer
+from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo.integrations import faults, guards
 from openrlhf_oppo.integrations.oppo_generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.oppo_rollout import OppoRolloutRayActor
+from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardModelRayActor
 
 OPENRLHF_VERSION = "0.11.2"
 METRICS_JSONL_ENV = "OPPO_METRICS_JSONL"
@@ -54,8 +59,10 @@ class OppoPPOTrainerImpl(_BASE):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         base = self.samples_generator  # OpenRLHF's; it only holds references, nothing started
+        reward_group = self.reward_model_group  # streaming reward actors when OPPO streams (patch_driver)
         self.samples_generator = OppoSamplesGenerator(
-            base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines
+            base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines,
+            reward_group._actor_handlers if reward_group is not None else (),
         )
         make_experience_batch = self.experience_maker.make_experience_batch
 
@@ -125,7 +132,9 @@ class OppoPPOTrainerImpl(_BASE):
 OppoPPOTrainer = ray.remote(OppoPPOTrainerImpl)
 
 
-def patch_driver() -> None:
-    """Swap the two names in the driver, before `train_ppo_ray.train` runs."""
+def patch_driver(stream_rewards: bool) -> None:
+    """Swap the names in the driver, before `train_ppo_ray.train` runs (and imports them)."""
     _ppo_trainer.PPOTrainer = OppoPPOTrainer
     _vllm_engine.RolloutRayActor = OppoRolloutRayActor
+    if stream_rewards:
+        _launcher.RewardModelActor = StreamingRewardModelRayActor

@@ -2,7 +2,8 @@
 
 One `openrlhf-oppo train --restarts 3` run checkpoints every second step. Its streaming
 reward actor is killed in the middle of step 1 (Ray restarts it; the driver re-prefills
-its held samples from their recorded tokens), its rollout engine in the middle of
+its held samples from their recorded tokens), one request is aborted by its engine in
+step 2 (it decodes on from its tokens and is never trained as an answer), its rollout engine in the middle of
 step 3 (the run stops and is relaunched from the step-1 checkpoint: step 2 is rolled
 back and done again), and its trainer right after step 3's checkpoint (relaunched
 again). The ledger check then proves every prompt group was trained exactly once or
@@ -33,13 +34,18 @@ def _train_argv(assets, root, *extra, restarts=0):
 def test_killed_reward_actor_rollout_engine_and_driver_the_run_completes_and_the_ledger_holds(
     tiny_assets, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv("OPPO_FAULTS", "reward@1,rollout@3,driver@3")
+    monkeypatch.setenv("OPPO_FAULTS", "reward@1,abort@2,rollout@3,driver@3")
     rc = main(_train_argv(tiny_assets, tmp_path, "--ckpt.save_steps", "2", restarts=3))
     assert rc == 0, f"see {tmp_path}"
     fired = (tmp_path / (ledger.LEDGER_FILE + ".faults")).read_text().split()
-    assert fired == ["reward@1", "rollout@3", "driver@3"]
-    restarts = [json.loads(line)["oppo/scorer_restarts"] for line in (tmp_path / "oppo_metrics.jsonl").read_text().splitlines()]
+    assert fired == ["reward@1", "abort@2", "rollout@3", "driver@3"]
+    metrics = [json.loads(line) for line in (tmp_path / "oppo_metrics.jsonl").read_text().splitlines()]
+    restarts = [m["oppo/scorer_restarts"] for m in metrics]
     assert restarts[1] == 1.0 and sum(restarts) == 1.0  # step 1 of the first attempt
+    # the aborted request was not trained as an answer: it decoded on from its tokens
+    assert metrics[2]["oppo/aborted_requests"] == 1.0 and sum(m["oppo/aborted_requests"] for m in metrics) == 1.0
+    trace = [json.loads(line) for line in (tmp_path / "oppo_trace.jsonl").read_text().splitlines()]
+    assert all(s["finish_reason"] in ("stop", "length") for row in trace for g in row["trained"] for s in g["samples"])
 
     report = ledger.check_run(tmp_path)
     assert report.ok, report.summary()

@@ -300,3 +300,39 @@ def test_unknown_sample_in_a_batch_of_events_is_named():
     chunks = sched.on_finished(sid)
     with pytest.raises(ValueError, match="unknown sample_id 78"):
         sched.on_scored_many("reward", [chunks[0], chunks[0]._replace(sample_id=78)])
+
+
+def test_a_pass_boundary_admits_no_prompt_of_the_next_pass_and_ends_with_a_short_batch():
+    """Prompts 0-9 are one pass (an OpenRLHF episode), B=4, Δ=2: the overcommit stops at the
+    boundary, every prompt of the pass is trained before any of the next, and the pass ends
+    with the 2 groups left (OpenRLHF's last batch of an episode is short too)."""
+    sched = make_scheduler(B=4, delta=2, stream=False, scorers=())
+    per_pass, trained, step = 10, [], 0
+    while len(trained) < per_pass:
+        boundary = (sched.oldest_prompt_index // per_pass + 1) * per_pass
+        plan = sched.begin_step(step, admit_until=boundary)
+        assert all(g.prompt_index < per_pass for g in plan.admit)
+        for g in plan.admit:  # later prompts finish first: first-B picks them, the early ones are carried
+            sched.on_tokens(g.sample_ids[0], [1] * (20 - g.prompt_index), None, step)
+        for gid in sorted(sched.in_flight_groups, reverse=True):
+            if not sched.is_finished(gid):
+                finish_and_score(sched, gid)
+        batch = sched.take_batch()
+        trained.append([g.prompt_index for g in batch.groups])
+        sched.end_step(stats())
+        step += 1
+        if sum(map(len, trained)) == per_pass:
+            break
+    assert [len(b) for b in trained] == [4, 4, 2]
+    assert sorted(i for b in trained for i in b) == list(range(per_pass))
+    assert sched.in_flight_groups == () and sched.next_prompt_index == per_pass
+    plan = sched.begin_step(step, admit_until=2 * per_pass)  # the next pass starts full: B + Δ
+    assert [g.prompt_index for g in plan.admit] == list(range(10, 16))
+
+
+def test_admit_until_is_checked_before_the_step_opens():
+    sched = make_scheduler()
+    for bad in (-1, 2.0, "3"):
+        with pytest.raises(ValueError, match="admit_until"):
+            sched.begin_step(0, admit_until=bad)
+    assert sched.begin_step(0, admit_until=0).admit == ()  # nothing left to admit: a valid, empty step

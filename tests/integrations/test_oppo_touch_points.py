@@ -69,19 +69,55 @@ def test_generator_contract():
         assert f'"{key}"' in src
 
 
-def test_patch_driver_swaps_both_classes():
+@pytest.mark.parametrize("stream_rewards", [True, False])
+def test_patch_driver_swaps_the_classes(stream_rewards):
+    from openrlhf.trainer.ray import launcher
+
     from openrlhf_oppo.integrations import oppo_trainer
 
-    saved = ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor
+    saved = ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor
     try:
-        oppo_trainer.patch_driver()
+        oppo_trainer.patch_driver(stream_rewards)
         assert ppo_trainer.PPOTrainer is oppo_trainer.OppoPPOTrainer
         assert vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__mro__[1].__name__ == "OppoRolloutActor"
+        reward = launcher.RewardModelActor.__ray_metadata__.modified_class
+        assert reward.__name__ == ("StreamingRewardModelActor" if stream_rewards else "RewardModelActor")
         impl = oppo_trainer.OppoPPOTrainerImpl
         for name in ("train_step", "broadcast_to_vllm", "save_logs_and_checkpoints", "restore_best_checkpoint_state"):
             assert name in vars(impl)  # overridden in the subclass, not patched in place
     finally:
-        ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor = saved
+        ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor = saved
+
+
+def test_openrlhfs_reward_group_is_built_from_the_launcher_module_name_and_placed_by_it():
+    """train_ppo_ray imports RewardModelActor from the launcher module when it runs, and places
+    the group as it places its own (colocated: a share of the placement group)."""
+    from openrlhf.cli import train_ppo_ray
+    from openrlhf.trainer.ray import launcher
+
+    module_src = inspect.getsource(train_ppo_ray)
+    assert "from openrlhf.trainer.ray.launcher import (" in module_src and "RewardModelActor," in module_src
+    train_src = inspect.getsource(train_ppo_ray.train)
+    assert "RewardModelActor,\n            pg=pg,\n            num_gpus_per_actor=0.2 if pg else 1," in train_src
+    assert "reward_model.async_init_model_from_pretrained(strategy, args.reward.model_name_or_path)" in train_src
+    assert "self._actor_handlers" in inspect.getsource(launcher.RayActorGroup._initiate_actors)
+    from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardModelActor
+
+    assert issubclass(StreamingRewardModelActor, launcher.BaseModelActor)
+    init = launcher.RewardModelActor.__ray_metadata__.modified_class.init_model_from_pretrained
+    assert [p for p in inspect.signature(init).parameters if p != "_ray_trace_ctx"] == ["self", "strategy", "pretrain"]
+
+
+def test_rule_rewards_come_from_openrlhfs_single_turn_executor():
+    """The engines score a finished sample as OpenRLHF's executor does (oppo_rollout._reward)."""
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+    for name in ("reward_func", "reward_endpoints", "_fetch_rewards_via_func", "_fetch_rewards_via_http"):
+        assert name in inspect.getsource(SingleTurnAgentExecutor)
+    execute = inspect.getsource(SingleTurnAgentExecutor.execute)
+    assert 'hf_tokenizer.decode(output["observation_tokens"], skip_special_tokens=False)' in execute
+    assert "self.executor = SingleTurnAgentExecutor(remote_rm_url)" in inspect.getsource(
+        vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__init__)
 
 
 def test_incompatible_flags_name_both_flags():
@@ -97,7 +133,7 @@ def test_incompatible_flags_name_both_flags():
     cfg, rest = parse(["--vllm.enable_sleep"])
     with pytest.raises(ValueError, match=r"--vllm\.enable_sleep"):
         check_flags(rest, cfg)
-    check_flags(["--rollout.batch_size", "4"], cfg)  # fine
+    check_flags(["--rollout.batch_size", "4", "--reward.model_name_or_path", "/rm"], cfg)  # fine
 
 
 def _prompt_loader(seed: int):
@@ -140,17 +176,20 @@ def test_prompt_stream_draws_openrlhfs_prompt_order_and_resumes_from_the_dataloa
     assert head + [resumed.next() for _ in range(2)] == drawn[:6]
 
 
-def test_streaming_replaces_openrlhfs_reward_group_and_correction_maps_to_openrlhf_flags():
-    from openrlhf_oppo.cli.train_ppo_ray import STREAMING_REWARD_URL, openrlhf_argv, parse
+def test_openrlhf_gets_the_users_flags_and_the_correction_oppo_maps_to():
+    from openrlhf_oppo.cli.train_ppo_ray import openrlhf_argv, parse, streams_rewards
 
     cfg, rest = parse(["--reward.model_name_or_path", "/rm", "--oppo.staleness.correction", "icepop"])
     argv = openrlhf_argv(rest, cfg)
-    assert argv[argv.index("--reward.remote_url") + 1] == STREAMING_REWARD_URL
-    assert argv[argv.index("--critic.model_name_or_path") + 1] == "/rm"  # OpenRLHF's default kept
+    assert argv[:2] == ["--reward.model_name_or_path", "/rm"] and "--reward.remote_url" not in argv
     assert argv[argv.index("--algo.advantage.is_correction_mode") + 1] == "mask"
+    assert streams_rewards(rest, cfg)  # OpenRLHF's reward group is made of streaming actors
     cfg, rest = parse(["--reward.model_name_or_path", "/rm", "--oppo.streaming.enable", "false"])
-    assert openrlhf_argv(rest, cfg) == rest  # OpenRLHF's own reward group scores
-    cfg, rest = parse(["--oppo.staleness.correction", "tis", "--algo.advantage.is_correction_level", "seq"])
+    assert openrlhf_argv(rest, cfg) == rest and not streams_rewards(rest, cfg)  # OpenRLHF's own reward group
+    cfg, rest = parse(["--reward.remote_url", "/r.py"])
+    assert not streams_rewards(rest, cfg)  # the engines score with the function
+    cfg, rest = parse(["--oppo.staleness.correction", "tis", "--algo.advantage.is_correction_level", "seq",
+                       "--reward.model_name_or_path", "/rm"])
     with pytest.raises(ValueError, match=r"--oppo\.staleness\.correction .* --algo\.advantage\.is_correction_level"):
         openrlhf_argv(rest, cfg)
 
@@ -162,3 +201,52 @@ def test_unwired_reference_and_critic_streaming_are_refused_by_name():
         cfg, rest = parse([f"--oppo.streaming.{name}", "true"])
         with pytest.raises(ValueError, match=rf"--oppo\.streaming\.{name}: this version streams into the reward model only"):
             check_flags(rest, cfg)
+
+
+REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
+    (["--train.async_enable"], r"--train\.async_enable cannot be combined with OPPO", []),
+    (["--train.partial_rollout_enable"], r"--train\.partial_rollout_enable cannot be combined with OPPO", []),
+    (["--vllm.enable_sleep"], r"--vllm\.enable_sleep cannot be combined with OPPO", []),
+    (["--algo.dynamic_filtering_enable"], r"--algo\.dynamic_filtering_enable cannot be combined with OPPO", []),
+    (["--train.agent_func_path", "/a.py"], r"--train\.agent_func_path cannot be combined with OPPO", []),
+    (["--data.max_images_per_prompt", "2"], r"--data\.max_images_per_prompt cannot be combined with OPPO.*images", []),
+    (["--reward.offload"], r"--reward\.offload cannot be combined with --oppo\.streaming\.enable",
+     ["--reward.model_name_or_path", "/rm"]),
+    (["--ds.load_in_4bit"], r"--ds\.load_in_4bit cannot be combined with --oppo\.streaming\.enable",
+     ["--reward.model_name_or_path", "/rm"]),
+    (["--eval.dataset", "/e.jsonl"], r"--eval\.dataset needs --reward\.remote_url", ["--reward.model_name_or_path", "/rm"]),
+    (["--vllm.enable_prefix_caching"], r"--vllm\.enable_prefix_caching cannot be combined", []),
+    (["--rollout.vllm_generate_batch_size", "8"], r"--rollout\.vllm_generate_batch_size cannot be combined", []),
+]
+
+
+@pytest.mark.parametrize("flag, message, beside", REFUSALS, ids=[r[0][0] for r in REFUSALS])
+def test_every_refused_flag_is_openrlhfs_and_is_refused_by_name(flag, message, beside):
+    from openrlhf_oppo.cli import train_ppo_ray
+    from openrlhf_oppo.integrations.openrlhf_flags import train_flags
+
+    assert flag[0][2:] in train_flags(), f"{flag[0]} is not a flag of OpenRLHF's train_ppo_ray"
+    cfg, rest = train_ppo_ray.parse(beside + flag)
+    with pytest.raises(ValueError, match=message):
+        train_ppo_ray.check_flags(rest, cfg)
+
+
+def test_the_refusal_tables_are_all_tested():
+    from openrlhf_oppo.cli import train_ppo_ray
+
+    tested = {r[0][0] for r in REFUSALS}
+    assert set(train_ppo_ray.INCOMPATIBLE_FLAGS) | set(train_ppo_ray.STREAMING_REWARD_INCOMPATIBLE) <= tested
+
+
+def test_what_oppo_accepts_that_it_used_to_refuse():
+    from openrlhf_oppo.cli import train_ppo_ray
+
+    for argv in (["--reward.remote_url", "/r.py"], ["--reward.remote_url", "http://127.0.0.1:5000/get_reward"],
+                 ["--reward.remote_url", "/r.py", "--eval.dataset", "/e.jsonl"],
+                 ["--reward.model_name_or_path", "/rm", "--oppo.streaming.enable", "false", "--reward.offload"],
+                 ["--reward.model_name_or_path", "/rm", "--data.max_images_per_prompt", "0"]):
+        cfg, rest = train_ppo_ray.parse(argv)
+        train_ppo_ray.check_flags(rest, cfg)
+    cfg, rest = train_ppo_ray.parse([])
+    with pytest.raises(ValueError, match=r"set --reward\.model_name_or_path \(or --reward\.remote_url"):
+        train_ppo_ray.openrlhf_argv(rest, cfg)
