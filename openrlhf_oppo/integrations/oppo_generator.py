@@ -98,7 +98,7 @@ class PromptStream:
 class OppoSamplesGenerator(SamplesGenerator):
     def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, reward_actors=()):
         """`reward_actors`: OpenRLHF's reward group when OPPO streams into it (its members are
-        `StreamingRewardModelActor`s, placed by OpenRLHF; `reward_model_mode`)."""
+        `StreamingRewardModelActor`s, placed by OpenRLHF; see `reward_mode`)."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         args = self.args
         self.oppo = config_from_env()
@@ -258,7 +258,6 @@ class OppoSamplesGenerator(SamplesGenerator):
         each sample on its engine and, when streaming, opened on its reward actor."""
         params = self.sampling_params = self._sampling_params(generate_kwargs)
         max_len = self.max_len = generate_kwargs.get("max_len", 2048)
-        budget = self._budget
         per_engine: dict[int, list[SampleRequest]] = {}
         self.step_admitted = []
         opens: dict[int, dict[int, list[int]]] = {}
@@ -267,10 +266,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             if self.reward_actors:
                 opens.setdefault(sid % len(self.reward_actors), {})[sid] = prompt_ids
             if held is not None:  # None: finished already, nothing to decode
-                prompt, label, _ = self.prompts[gid]
-                query = (prompt, label) if self.reward_mode == "rule" else None
-                req = SampleRequest(sid, prompt_ids, held, budget(len(prompt_ids)), seed, query)
-                per_engine.setdefault(self.engine_of[gid], []).append(req)
+                per_engine.setdefault(self.engine_of[gid], []).append(self._request(gid, sid, held, seed))
 
         load = [0] * len(self.vllm_engines)  # groups decoding on each engine
         for idx in self.engine_of.values():
@@ -284,7 +280,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         for slot, group in enumerate(plan.admit):
             prompt, label = self.prompt_stream.next()  # the prompt at position group.prompt_index
             ids = self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
-            ids = ids[-max(1, max_len - budget(len(ids))):]  # as OpenRLHF's executor truncates long prompts
+            ids = ids[-max(1, max_len - self._budget(len(ids))):]  # as OpenRLHF's executor truncates long prompts
             self.prompts[group.group_id] = (prompt, label, ids)
             digest = hashlib.sha1(prompt.encode()).hexdigest()[:12]
             self.step_admitted.append([group.group_id, group.prompt_index, digest])
@@ -303,6 +299,12 @@ class OppoSamplesGenerator(SamplesGenerator):
         for idx, prompts in opens.items():
             self.reward_actors[idx].open_many.remote(prompts)
         ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
+
+    def _request(self, gid: int, sid: int, held: list[int], seed: int | None) -> SampleRequest:
+        """Decode sample `sid` of group `gid` on from its `held` tokens (none for a new one)."""
+        prompt, label, prompt_ids = self.prompts[gid]
+        query = (prompt, label) if self.reward_mode == "rule" else None
+        return SampleRequest(sid, prompt_ids, held, self._budget(len(prompt_ids)), seed, query)
 
     def _budget(self, prompt_len: int) -> int:
         """Response tokens of a sample, as OpenRLHF's executor sizes them."""
@@ -367,11 +369,9 @@ class OppoSamplesGenerator(SamplesGenerator):
                 raise RuntimeError(f"OPPO step {self.step}: sample {sid} was aborted by its engine "
                                    f"{self.aborts[sid]} times; last error: {d.error}")
             gid = self.scheduler.group_of(sid)
-            prompt, label, prompt_ids = self.prompts[gid]
             held = self.scheduler.held_tokens(sid)
-            query = (prompt, label) if self.reward_mode == "rule" else None
-            per_engine.setdefault(self.engine_of[gid], []).append(
-                SampleRequest(sid, prompt_ids, held, self._budget(len(prompt_ids)), None, query))
+            # unseeded: a failure is not part of a reproducible run
+            per_engine.setdefault(self.engine_of[gid], []).append(self._request(gid, sid, held, None))
             print(f"OPPO: sample {sid} aborted by its engine ({d.error}); decoding on from its {len(held)} tokens",
                   flush=True)
         self.step_aborted += len(aborted)
