@@ -62,10 +62,13 @@ class StreamingRewardActor:
             dtype=dtype,
             attn_implementation=attn_implementation,
         ).to("cuda" if torch.cuda.is_available() else "cpu")
+        param = next(model.parameters())
+        # what was loaded, as the flags asked (recorded on the timeline by StreamingRewardModelActor)
+        self.loaded = {"dtype": str(param.dtype).removeprefix("torch."),
+                       "attn_implementation": model.config._attn_implementation, "pooling": pooling}
         if kv_budget_tokens > 0:
             how = "--oppo.streaming.kv_budget_tokens"
         else:
-            param = next(model.parameters())
             auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host)
             kv_budget_tokens, how = auto.tokens, f"auto: {auto.how}"
         print(f"OPPO streaming reward actor: KV budget {kv_budget_tokens:,} tokens ({how})", flush=True)
@@ -118,8 +121,8 @@ class StreamingRewardModelActor(BaseModelActor):
         )
         ctx = ray.get_runtime_context()  # where OpenRLHF placed it: its reward group's placement
         placement = {"placement_group": ctx.get_placement_group_id(), "gpus": ctx.get_assigned_resources().get("GPU", 0)}
-        print(f"OPPO streaming reward actor: loaded {pretrain} ({placement})", flush=True)
-        timeline.RECORDER.span("reward", "load", t0, time.time(), **placement)
+        print(f"OPPO streaming reward actor: loaded {pretrain} ({self.streaming.loaded}, {placement})", flush=True)
+        timeline.RECORDER.span("reward", "load", t0, time.time(), **self.streaming.loaded, **placement)
 
     def empty_cache(self) -> None:
         import torch

@@ -170,12 +170,12 @@ HUB_REPO, MEAN, STD = "oppo-tiny/reward", 0.25, 2.0
 @pytest.fixture(scope="module")
 def hub_run(train_runs, tiny_assets, tmp_path_factory):
     """--train.colocate_critic_reward, the reward model as a hub id (offline, from a local hub
-    cache), --reward.normalize_enable with mean/std in its config."""
+    cache), --reward.normalize_enable with mean/std in its config, eager attention."""
     cache = tmp_path_factory.mktemp("hf-hub")
     _hub_cache(cache, tiny_assets / "reward", HUB_REPO, MEAN, STD)
     with environ(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"):
         return train_runs("oppo", *TWO_STEPS, "--train.colocate_critic_reward", "--reward.model_name_or_path", HUB_REPO,
-                          "--reward.normalize_enable")
+                          "--reward.normalize_enable", "--ds.attn_implementation", "eager")
 
 
 # ---------------------------------------------------------------- colocation
@@ -192,6 +192,14 @@ def test_colocate_critic_reward_places_it_in_the_critic_reward_group(hub_run):
     _check_two_steps(hub_run)
     loads = _reward_loads(hub_run)
     assert len(loads) == 1 and loads[0]["placement_group"] and loads[0]["gpus"] == pytest.approx(0.2)
+
+
+def test_reward_model_flags_reach_the_streaming_actor(colocate_all_run, hub_run):
+    """--ds.param_dtype (bf16 by default) and --ds.attn_implementation load the streamed reward
+    model as they load OpenRLHF's; the pooling is OpenRLHF's last-token rule by default."""
+    (default,), (eager,) = _reward_loads(colocate_all_run), _reward_loads(hub_run)
+    assert (default["dtype"], default["attn_implementation"], default["pooling"]) == ("bfloat16", "sdpa", "last")
+    assert (eager["dtype"], eager["attn_implementation"]) == ("bfloat16", "eager")
 
 
 def test_colocate_actor_ref_with_a_reward_function(actor_ref_rule_run):
