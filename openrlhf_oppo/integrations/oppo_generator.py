@@ -177,6 +177,12 @@ class OppoSamplesGenerator(SamplesGenerator):
         # admitted before every prompt of this one is trained, and the step that trains the
         # pass's last groups ends the episode (OpenRLHF's step count and LR schedule hold).
         per_pass = len(self.prompts_dataloader)
+        position = self.scheduler.next_prompt_index
+        if self.needs_restart and not self.scheduler.in_flight_groups and position and position % per_pass == 0:
+            # resumed from the checkpoint of a pass's last step: that episode is over (OpenRLHF's own
+            # resumed dataloader is exhausted too); the next episode's call admits the next pass
+            self.needs_restart = False
+            return [], None, 0, True
         boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
         plan = self.scheduler.begin_step(self.step, admit_until=boundary)
         self.step_overlap_tokens = [0, 0]

@@ -1,17 +1,22 @@
 """OpenRLHF setups a user brings, run with OPPO for real on CPU (2 steps each, tiny models,
-logical GPUs): OpenRLHF's own placement (colocate_all, colocate_critic_reward,
-colocate_actor_ref), a `.py` reward function with `group_norm` and eval, an HTTP reward
-server with `rloo` on 2 vLLM engines with n=4, a reward model named by a hub id resolved
-from a local cache with `--reward.normalize_enable`. Four runs cover the nine cells:
-each run combines cells that do not interact, to keep CI time down."""
+logical GPUs). Two runs cover the cells, each combining cells that do not interact (a run
+costs about a minute of start-up here, so CI time decides):
+
+- rule run: `--train.colocate_all`, a `.py` reward function with `group_norm`,
+  `--eval.dataset` every step, 2 vLLM engines with n=4 (whole groups on one engine);
+- model run: `--train.colocate_actor_ref` and `--train.colocate_critic_reward`, the reward
+  model named by a hub id resolved from a local hub cache, `--reward.normalize_enable`,
+  `--ds.attn_implementation eager`.
+
+An HTTP reward endpoint goes through the same engine code as the `.py` function
+(`OppoRolloutActor._reward`, OpenRLHF's executor): tests/integrations/test_rule_rewards.py
+drives it against a real server on 127.0.0.1."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -101,50 +106,11 @@ def reward_py(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def colocate_all_run(train_runs):
-    """--train.colocate_all with the streamed reward model (gae: critic and reward in the shared group)."""
-    return train_runs("oppo", *TWO_STEPS, "--train.colocate_all")
-
-
-@pytest.fixture(scope="module")
-def actor_ref_rule_run(train_runs, reward_py, tiny_assets):
-    """--train.colocate_actor_ref, a `.py` reward function, group_norm (no critic), eval every step."""
-    return train_runs("oppo", *TWO_STEPS, "--train.colocate_actor_ref", "--reward.remote_url", str(reward_py),
+def rule_run(train_runs, reward_py, tiny_assets):
+    return train_runs("oppo", *TWO_STEPS, "--train.colocate_all", "--reward.remote_url", str(reward_py),
                       "--algo.advantage.estimator", "group_norm", "--eval.dataset", str(tiny_assets / "prompts.jsonl"),
-                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1")
-
-
-class _RewardServer(BaseHTTPRequestHandler):
-    labels: dict[str, str] = {}
-    requests: list[dict] = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append(body)
-        rewards = [rule_reward(q, p, lb) for q, p, lb in zip(body["query"], body["prompts"], body["labels"])]
-        data = json.dumps({"rewards": rewards, "scores": rewards, "extra_logs": {}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def http_run(train_runs):
-    """An HTTP reward server on 127.0.0.1, rloo, 2 vLLM engines, n=4 (whole groups on one engine)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RewardServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        run = train_runs("oppo", *TWO_STEPS, "--reward.remote_url", f"http://127.0.0.1:{server.server_port}/get_reward",
-                         "--algo.advantage.estimator", "rloo", "--vllm.num_engines", "2",
-                         "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16")
-    finally:
-        server.shutdown()
-    return run
+                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1", "--vllm.num_engines", "2",
+                      "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16")
 
 
 def _hub_cache(root: Path, source: Path, repo: str, mean: float, std: float) -> None:
@@ -168,89 +134,77 @@ HUB_REPO, MEAN, STD = "oppo-tiny/reward", 0.25, 2.0
 
 
 @pytest.fixture(scope="module")
-def hub_run(train_runs, tiny_assets, tmp_path_factory):
-    """--train.colocate_critic_reward, the reward model as a hub id (offline, from a local hub
-    cache), --reward.normalize_enable with mean/std in its config, eager attention."""
+def model_run(train_runs, tiny_assets, tmp_path_factory):
     cache = tmp_path_factory.mktemp("hf-hub")
     _hub_cache(cache, tiny_assets / "reward", HUB_REPO, MEAN, STD)
     with environ(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"):
-        return train_runs("oppo", *TWO_STEPS, "--train.colocate_critic_reward", "--reward.model_name_or_path", HUB_REPO,
-                          "--reward.normalize_enable", "--ds.attn_implementation", "eager")
+        return train_runs("oppo", *TWO_STEPS, "--train.colocate_actor_ref", "--train.colocate_critic_reward",
+                          "--reward.model_name_or_path", HUB_REPO, "--reward.normalize_enable",
+                          "--ds.attn_implementation", "eager")
 
 
-# ---------------------------------------------------------------- colocation
+# ---------------------------------------------------------------- placement
 
 
-def test_colocate_all_places_the_streaming_reward_actor_in_openrlhfs_shared_group(colocate_all_run):
-    _check_two_steps(colocate_all_run)
-    loads = _reward_loads(colocate_all_run)
-    assert len(loads) == 1 and loads[0]["placement_group"] and loads[0]["gpus"] == pytest.approx(0.2)
-    assert all(s["reward"] is not None for g in _trained(colocate_all_run) for s in g["samples"])  # streamed
-
-
-def test_colocate_critic_reward_places_it_in_the_critic_reward_group(hub_run):
-    _check_two_steps(hub_run)
-    loads = _reward_loads(hub_run)
+def test_colocate_critic_reward_places_the_streaming_reward_actor_in_openrlhfs_group(model_run):
+    """OpenRLHF places its reward group (as under colocate_all): a 0.2 GPU share of the
+    critic-reward placement group, not a GPU of its own outside it (which waits forever
+    once the placement groups hold every GPU)."""
+    _check_two_steps(model_run)
+    loads = _reward_loads(model_run)
     assert len(loads) == 1 and loads[0]["placement_group"] and loads[0]["gpus"] == pytest.approx(0.2)
 
 
-def test_reward_model_flags_reach_the_streaming_actor(colocate_all_run, hub_run):
+def test_reward_model_flags_reach_the_streaming_actor(model_run):
     """--ds.param_dtype (bf16 by default) and --ds.attn_implementation load the streamed reward
     model as they load OpenRLHF's; the pooling is OpenRLHF's last-token rule by default."""
-    (default,), (eager,) = _reward_loads(colocate_all_run), _reward_loads(hub_run)
-    assert (default["dtype"], default["attn_implementation"], default["pooling"]) == ("bfloat16", "sdpa", "last")
-    assert (eager["dtype"], eager["attn_implementation"]) == ("bfloat16", "eager")
+    (load,) = _reward_loads(model_run)
+    assert (load["dtype"], load["attn_implementation"], load["pooling"]) == ("bfloat16", "eager", "last")
 
 
-def test_colocate_actor_ref_with_a_reward_function(actor_ref_rule_run):
-    _check_two_steps(actor_ref_rule_run)
-    assert _reward_loads(actor_ref_rule_run) == []  # no reward model anywhere
+def test_colocate_all_with_a_reward_function(rule_run):
+    _check_two_steps(rule_run)
+    assert _reward_loads(rule_run) == []  # no reward model anywhere
 
 
-# ---------------------------------------------------------------- rule-based and remote rewards
+def test_two_engines_decode_whole_groups(rule_run):
+    rows = [r for r in timeline.read(rule_run.root / "timeline") if r["kind"] == "sample" and "sample" in r]
+    engine_of = {r["sample"]: r["pid"] for r in rows}
+    assert len(set(engine_of.values())) == 2, "both engines decode"
+    for g in _trained(rule_run):
+        assert len(g["samples"]) == 4
+        assert len({engine_of[s["sample_id"]] for s in g["samples"]}) == 1, f"group {g['group_id']} split"
 
 
-def test_py_reward_function_scores_every_sample_as_openrlhf_does(actor_ref_rule_run):
-    assert _check_rule_rewards(actor_ref_rule_run) == 16
+# ---------------------------------------------------------------- rule-based rewards
 
 
-def test_group_norm_trains_on_the_rule_rewards(actor_ref_rule_run):
+def test_py_reward_function_scores_every_sample_as_openrlhf_does(rule_run):
+    assert _check_rule_rewards(rule_run) == 32  # 4 groups x n=4, 2 steps
+
+
+def test_group_norm_trains_on_the_rule_rewards(rule_run):
     from openrlhf_oppo.bench.schedules import tensorboard_scalars
 
-    scalars = {t: [v for _, _, v in ev] for t, ev in tensorboard_scalars(actor_ref_rule_run.root / "tensorboard").items()}
+    scalars = {t: [v for _, _, v in ev] for t, ev in tensorboard_scalars(rule_run.root / "tensorboard").items()}
     assert len(scalars["train/policy_loss"]) == 2
-    trained = [s["reward"] for g in _trained(actor_ref_rule_run) for s in g["samples"]]
-    assert scalars["train/reward"] == pytest.approx([sum(trained[:8]) / 8, sum(trained[8:]) / 8], abs=1e-5)
+    trained = [s["reward"] for g in _trained(rule_run) for s in g["samples"]]
+    assert scalars["train/reward"] == pytest.approx([sum(trained[:16]) / 16, sum(trained[16:]) / 16], abs=1e-5)
     assert not any(t.startswith("train/critic") for t in scalars)  # group_norm: no critic
 
 
-def test_eval_runs_with_a_reward_function(actor_ref_rule_run):
+def test_eval_runs_with_a_reward_function(rule_run):
     from openrlhf_oppo.bench.schedules import tensorboard_scalars
 
-    tags = tensorboard_scalars(actor_ref_rule_run.root / "tensorboard")
+    tags = tensorboard_scalars(rule_run.root / "tensorboard")
     evals = [t for t in tags if t.startswith("eval")]
     assert evals and all(len(tags[t]) == 2 for t in evals), sorted(tags)  # --eval.steps 1: after each step
-
-
-def test_http_reward_server_with_rloo_scores_every_sample(http_run):
-    _check_two_steps(http_run)
-    assert _check_rule_rewards(http_run) == 32  # 4 groups x n=4, 2 steps
-    assert len(_RewardServer.requests) >= 32  # one request per finished sample (carried ones included)
-
-
-def test_two_engines_decode_whole_groups(http_run):
-    rows = [r for r in timeline.read(http_run.root / "timeline") if r["kind"] == "sample" and "sample" in r]
-    engine_of = {r["sample"]: r["pid"] for r in rows}
-    assert len(set(engine_of.values())) == 2, "both engines decode"
-    for g in _trained(http_run):
-        assert len(g["samples"]) == 4
-        assert len({engine_of[s["sample_id"]] for s in g["samples"]}) == 1, f"group {g['group_id']} split"
 
 
 # ---------------------------------------------------------------- reward model flags
 
 
-def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(hub_run, tiny_assets):
+def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(model_run, tiny_assets):
     """Streamed rewards equal OpenRLHF's one-shot reward forward of the same checkpoint (bf16,
     --ds.param_dtype's default) with (r - mean) / std from its config."""
     import torch
@@ -263,7 +217,7 @@ def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(hub_run, tiny_
     model = get_llm_for_sequence_regression(str(tiny_assets / "reward"), "reward", param_dtype="bf16",
                                             attn_implementation="sdpa", value_head_prefix="score").eval()
     compared = 0
-    for g in _trained(hub_run):
+    for g in _trained(model_run):
         for s in g["samples"]:
             seq = torch.tensor([g["prompt_ids"] + s["tokens"]])
             with torch.no_grad():

@@ -64,7 +64,11 @@ def test_the_pass_trains_every_prompt_exactly_once_in_openrlhfs_step_count(oppo_
     assert trace[-1]["carried_groups"] == []
 
 
-def test_carried_samples_keep_their_tokens_and_span_policy_versions(oppo_run):
+def test_carried_samples_keep_their_tokens_and_their_policy_versions(oppo_run):
+    """Per-token versions never go back and never run ahead of the step that trains them.
+    Whether a carried sample is still decoding when the weights change depends on timing
+    here (stragglers mostly finish while the actor trains); the resume test crosses versions
+    deterministically."""
     trace = _trace(oppo_run)
     trained = {s["sample_id"]: (row["step"], s) for row in trace for g in row["trained"] for s in g["samples"]}
     checked = 0
@@ -76,13 +80,10 @@ def test_carried_samples_keep_their_tokens_and_span_policy_versions(oppo_run):
                 assert sample["tokens"][: len(held)] == held, f"sample {sid} lost tokens it had when carried"
                 checked += 1
     assert checked > 0
-    spanning = 0
     for step, sample in trained.values():
         versions = sample["versions"]
         assert len(versions) == len(sample["tokens"])
         assert versions == sorted(versions) and max(versions, default=0) <= step
-        spanning += len(set(versions)) > 1
-    assert spanning > 0, "no carried sample decoded across a weight sync"
 
 
 def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
@@ -176,7 +177,7 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
         env.setenv("OPPO_FAULTS", "driver@0")  # the trainer dies right after step 0's checkpoint
         run_a = train_runs("oppo", "--data.max_samples", "8", "--ckpt.save_steps", "1", output=root_a)
     assert run_a.returncode != 0 and list((root_a / "checkpoints" / "_actor").glob("global_step1")), f"see {run_a.root}"
-    run_b = train_runs("oppo", "--data.max_samples", "8", "--ckpt.save_steps", "1", "--ckpt.load_enable",
+    run_b = train_runs("oppo", "--data.max_samples", "8", "--ckpt.load_enable",
                        "--ckpt.path", str(root_a / "checkpoints"), "--train.num_episodes", "2",
                        output=tmp_path_factory.mktemp("resume-b"))
     assert run_b.returncode == 0, f"see {run_b.root}"
@@ -192,9 +193,15 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
     assert set(ids) | in_flight == set(range(trace_b[-1]["next_prompt_index"])) and not in_flight & set(ids)
 
     samples_b = {s["sample_id"]: s for row in trace_b for g in row["trained"] for s in g["samples"]}
+    spanning = 0
     for sid, held in at_checkpoint["carried_tokens"].items():
         if int(sid) in samples_b:
-            assert samples_b[int(sid)]["tokens"][: len(held)] == held
+            sample = samples_b[int(sid)]
+            assert sample["tokens"][: len(held)] == held
+            # decoded by policy 0 in A up to the checkpoint; on in B with the checkpoint's weights (1)
+            assert set(sample["versions"][: len(held)]) <= {0} and set(sample["versions"][len(held):]) <= {1}
+            spanning += 0 < len(held) < len(sample["tokens"])
+    assert spanning > 0, "no carried sample decoded on after the restart; the test proves nothing"
     assert {g for g in at_checkpoint["carried_groups"]} <= {g["group_id"] for row in trace_b for g in row["trained"]} | in_flight
 
     # the ledger of A then B (a restart after A's step 1) accounts for every group
