@@ -3,10 +3,11 @@ logical GPUs). Two runs cover the cells, each combining cells that do not intera
 costs about a minute of start-up here, so CI time decides):
 
 - rule run: `--train.colocate_all`, a `.py` reward function with `group_norm`,
-  `--eval.dataset` every step, 2 vLLM engines with n=4 (whole groups on one engine);
+  `--eval.dataset` every step;
 - model run: `--train.colocate_actor_ref` and `--train.colocate_critic_reward`, the reward
   model named by a hub id resolved from a local hub cache, `--reward.normalize_enable`,
-  `--ds.attn_implementation eager`.
+  `--ds.attn_implementation eager`, 2 vLLM engines with n=4 (whole groups on one engine;
+  colocate_all would need one engine per actor GPU).
 
 An HTTP reward endpoint goes through the same engine code as the `.py` function
 (`OppoRolloutActor._reward`, OpenRLHF's executor): tests/integrations/test_rule_rewards.py
@@ -109,8 +110,7 @@ def reward_py(tmp_path_factory) -> Path:
 def rule_run(train_runs, reward_py, tiny_assets):
     return train_runs("oppo", *TWO_STEPS, "--train.colocate_all", "--reward.remote_url", str(reward_py),
                       "--algo.advantage.estimator", "group_norm", "--eval.dataset", str(tiny_assets / "prompts.jsonl"),
-                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1", "--vllm.num_engines", "2",
-                      "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16")
+                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1")
 
 
 def _hub_cache(root: Path, source: Path, repo: str, mean: float, std: float) -> None:
@@ -140,7 +140,8 @@ def model_run(train_runs, tiny_assets, tmp_path_factory):
     with environ(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"):
         return train_runs("oppo", *TWO_STEPS, "--train.colocate_actor_ref", "--train.colocate_critic_reward",
                           "--reward.model_name_or_path", HUB_REPO, "--reward.normalize_enable",
-                          "--ds.attn_implementation", "eager")
+                          "--ds.attn_implementation", "eager", "--vllm.num_engines", "2",
+                          "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16")
 
 
 # ---------------------------------------------------------------- placement
@@ -167,11 +168,11 @@ def test_colocate_all_with_a_reward_function(rule_run):
     assert _reward_loads(rule_run) == []  # no reward model anywhere
 
 
-def test_two_engines_decode_whole_groups(rule_run):
-    rows = [r for r in timeline.read(rule_run.root / "timeline") if r["kind"] == "sample" and "sample" in r]
+def test_two_engines_decode_whole_groups(model_run):
+    rows = [r for r in timeline.read(model_run.root / "timeline") if r["kind"] == "sample" and "sample" in r]
     engine_of = {r["sample"]: r["pid"] for r in rows}
     assert len(set(engine_of.values())) == 2, "both engines decode"
-    for g in _trained(rule_run):
+    for g in _trained(model_run):
         assert len(g["samples"]) == 4
         assert len({engine_of[s["sample_id"]] for s in g["samples"]}) == 1, f"group {g['group_id']} split"
 
@@ -180,7 +181,7 @@ def test_two_engines_decode_whole_groups(rule_run):
 
 
 def test_py_reward_function_scores_every_sample_as_openrlhf_does(rule_run):
-    assert _check_rule_rewards(rule_run) == 32  # 4 groups x n=4, 2 steps
+    assert _check_rule_rewards(rule_run) == 16  # 4 groups x n=2, 2 steps
 
 
 def test_group_norm_trains_on_the_rule_rewards(rule_run):
@@ -189,7 +190,7 @@ def test_group_norm_trains_on_the_rule_rewards(rule_run):
     scalars = {t: [v for _, _, v in ev] for t, ev in tensorboard_scalars(rule_run.root / "tensorboard").items()}
     assert len(scalars["train/policy_loss"]) == 2
     trained = [s["reward"] for g in _trained(rule_run) for s in g["samples"]]
-    assert scalars["train/reward"] == pytest.approx([sum(trained[:16]) / 16, sum(trained[16:]) / 16], abs=1e-5)
+    assert scalars["train/reward"] == pytest.approx([sum(trained[:8]) / 8, sum(trained[8:]) / 8], abs=1e-5)
     assert not any(t.startswith("train/critic") for t in scalars)  # group_norm: no critic
 
 
@@ -224,4 +225,4 @@ def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(model_run, tin
                 raw = model(seq, attention_mask=torch.ones_like(seq)).float().item()
             assert s["reward"] == pytest.approx((raw - MEAN) / STD, abs=2e-3)
             compared += 1
-    assert compared == 16
+    assert compared == 32  # 4 groups x n=4, 2 steps
