@@ -78,7 +78,7 @@ def test_a_sample_spans_two_policy_versions_exactly_when_its_decode_spans_a_weig
     """The timeline and the scheduler's per-token versions agree: a trained sample has tokens
     of two policy versions if and only if its decode span holds a weight sync in which it
     was paused. (Whether any carried sample is still decoding at a sync depends on timing
-    on this CPU task; the resume test crosses versions deterministically.)"""
+    on this CPU task: the check holds for every trained sample, crossing or not.)"""
     rows = _rows(oppo_run)
     syncs = [(r["t0"], r["t1"]) for r in _spans(rows, "driver", "weight_sync")]
     decoded = {r["sample"]: r for r in rows if r["kind"] == "sample" and "sample" in r}  # not the sync probe
