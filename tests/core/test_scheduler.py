@@ -33,12 +33,14 @@ def stats(reward=0.0):
     return StepStats(mean_reward=reward, generated_tokens=100, generation_time_s=1.0)
 
 
-def test_core_imports_without_heavy_dependencies():
+def test_core_and_simulator_import_without_heavy_dependencies():
     code = (
         "import sys\n"
         "for m in ('torch', 'ray', 'vllm', 'deepspeed', 'transformers'):\n"
         "    sys.modules[m] = None\n"
         "import openrlhf_oppo.core, openrlhf_oppo.sim.synthetic, openrlhf_oppo.bench.core\n"
+        "import openrlhf_oppo.sim.engine, openrlhf_oppo.sim.drivers, openrlhf_oppo.sim.report\n"
+        "import openrlhf_oppo.sim.calibrate, openrlhf_oppo.sim.cli\n"
         "print('ok')\n"
     )
     import subprocess
