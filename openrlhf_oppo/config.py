@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -154,6 +155,7 @@ class StreamingConfig:
         "OpenRLHF's reward model reads it (any checkpoint layout); 'non_pad' = the rightmost token that "
         "is not the pad id, as a transformers *ForSequenceClassification forward reads it (differs when "
         "a response ends in the pad id, e.g. EOS with pad == eos).",
+        choices=REWARD_POOLING,
     )
     kv_budget_tokens: int = _f(
         0,
@@ -310,8 +312,7 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("OPPO", "pipeline overlap (defaults shown; unset flags keep YAML/defaults)")
     defaults = OppoConfig()
     for name, tp, f in _leaves(OppoConfig):
-        default = _get_path(defaults, name)
-        shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+        shown = _shown(_get_path(defaults, name))
         kw: dict[str, Any] = dict(dest=f"{FLAG_PREFIX}.{name}", default=None, help=f"{f.metadata['help']} [default: {shown}]")
         if typing.get_origin(tp) is tuple:
             kw["nargs"] = "+"
@@ -351,6 +352,38 @@ def to_cli_args(cfg: OppoConfig) -> list[str]:
     return argv
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def flags_markdown() -> str:
+    """docs/flags.md: every ``--oppo.*`` flag by section, with type, default and help
+    (``openrlhf-oppo config --flags-md > docs/flags.md``)."""
+    hints = _field_types(OppoConfig)
+    defaults = OppoConfig()
+    lines = [
+        "# `--oppo.*` flags",
+        "",
+        "Generated from `openrlhf_oppo/config.py` by `openrlhf-oppo config --flags-md > docs/flags.md`",
+        "(CI fails when this file is stale). Every flag is also a key under `oppo:` in a YAML config",
+        "(`--oppo.delta.init 8` is `oppo: {delta: {init: 8}}`); flags given on the command line override",
+        "the YAML. Every other flag of `python -m openrlhf_oppo.cli.train_ppo_ray` is OpenRLHF 0.11.2's.",
+    ]
+    for section in dataclasses.fields(OppoConfig):
+        cls = hints[section.name]
+        lines += ["", f"## `{section.name}`: {section.metadata['help']}", "", inspect.getdoc(cls) or "", "",
+                  "| flag | type | default | meaning |", "|---|---|---|---|"]
+        for name, tp, f in _leaves(cls, section.name):
+            kind = f"list of {typing.get_args(tp)[0].__name__}" if typing.get_origin(tp) is tuple else tp.__name__
+            if "choices" in f.metadata:
+                kind = " \\| ".join(f"`{c}`" for c in f.metadata["choices"])
+            text = f.metadata["help"].replace("|", "\\|")
+            lines.append(f"| `--{FLAG_PREFIX}.{name}` | {kind} | `{_shown(_get_path(defaults, name))}` | {text} |")
+    return "\n".join(lines) + "\n"
+
+
 def field_help() -> dict[str, str]:
     """``{"delta.init": "...", ...}``: the help text of every leaf field."""
     return {name: f.metadata["help"] for name, _, f in _leaves(OppoConfig)}
@@ -364,6 +397,7 @@ __all__ = [
     "StreamingConfig",
     "add_cli_flags",
     "field_help",
+    "flags_markdown",
     "from_cli",
     "from_dict",
     "load_yaml",

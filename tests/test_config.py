@@ -7,6 +7,7 @@ import dataclasses
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,13 @@ def test_unknown_yaml_key_exits_with_one_line_error(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "oppo.chunk.size" in proc.stderr
+
+
+def test_docs_flags_md_is_generated_from_the_config():
+    """docs/flags.md is what `openrlhf-oppo config --flags-md` prints today, and it lists
+    every flag with its default."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
+    assert path.read_text() == C.flags_markdown(), (
+        "docs/flags.md is stale: run `openrlhf-oppo config --flags-md > docs/flags.md`")
+    for flag in C.field_help():
+        assert f"| `--oppo.{flag}` |" in path.read_text()

@@ -1,11 +1,13 @@
 """OPPO's drop-in for OpenRLHF's entry point: every OpenRLHF flag plus `--oppo.*`.
 
-    python -m openrlhf_oppo.cli.train_ppo_ray <OpenRLHF 0.11.2 flags> \\
-        --oppo.delta.init 8 --oppo.chunk.size_tokens 512 [--oppo.config oppo.yaml]
+    python -m openrlhf_oppo.cli.train_ppo_ray [--config preset.yaml] <OpenRLHF 0.11.2 flags> \\
+        --oppo.delta.init 8 --oppo.chunk.size_tokens 512
 
 Launch it as OpenRLHF users launch `openrlhf.cli.train_ppo_ray` (e.g. `ray job
 submit ... -- python -m openrlhf_oppo.cli.train_ppo_ray ...`). It resolves the
-OPPO config, rejects flag combinations OPPO cannot honour, starts Ray with a
+OPPO config (a `--config` YAML preset: OpenRLHF's sections as dotted flags plus
+`oppo:`; flags on the command line override it), rejects flag combinations OPPO
+cannot honour, makes wandb offline when it is configured without a key, starts Ray with a
 worker set-up hook that installs OPPO's trainer touch points, swaps the rollout
 actor class, and then runs OpenRLHF's own `train_ppo_ray` main unmodified.
 """
@@ -124,18 +126,58 @@ def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
 
 
 def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
+    """(OPPO config, OpenRLHF's argv). A `--config` preset's OpenRLHF sections come first in
+    the argv, so the user's flags after them win; its `oppo:` section is the base the
+    `--oppo.*` flags overlay."""
     parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", dest="preset", default=None)
     parser.add_argument("--oppo.config", dest="oppo_config_file", default=None, help="YAML with an `oppo:` section")
     oppo_config.add_cli_flags(parser)
     known, rest = parser.parse_known_args(argv)
-    base = oppo_config.load_yaml(known.oppo_config_file) if known.oppo_config_file else oppo_config.OppoConfig()
-    return oppo_config.from_cli(known, base), rest
+    if known.preset and known.oppo_config_file:
+        raise ValueError("--config and --oppo.config both name OPPO's settings: put them under `oppo:` in the --config file")
+    base, preset_argv = oppo_config.OppoConfig(), []
+    if known.preset:
+        from openrlhf_oppo.integrations import yaml_config
+
+        preset = yaml_config.load(known.preset)
+        if preset.task:
+            raise ValueError(f"{known.preset}: `task:` is the built-in CPU task's (openrlhf-oppo train --config); "
+                             "a cluster preset names its models and data in OpenRLHF's sections")
+        base, preset_argv = oppo_config.from_dict(preset.oppo), yaml_config.to_argv(preset.flags)
+    elif known.oppo_config_file:
+        base = oppo_config.load_yaml(known.oppo_config_file)
+    return oppo_config.from_cli(known, base), preset_argv + rest
+
+
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's job manager sets it in a submitted job's driver
+FORWARDED_ENV = ("WANDB_MODE", "WANDB_DIR", "WANDB_API_KEY")  # and every OPPO_* variable
+
+
+def driver_env_vars(environ: dict[str, str]) -> dict[str, str]:
+    """The env vars of the run's Ray workers that this driver sets: OpenRLHF's own `ray.init`
+    defaults (it skips its `ray.init` once Ray is up), every `OPPO_*` variable (OPPO's config,
+    run files, faults) and wandb's. Under `ray job submit` a variable the job's runtime env
+    already sets is left out: the job's value reaches the workers, and Ray refuses a driver
+    runtime env that sets it again."""
+    env = {
+        "TOKENIZERS_PARALLELISM": environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+    }
+    env.update({k: v for k, v in environ.items() if k.startswith("OPPO_") or k in FORWARDED_ENV})
+    job = json.loads(environ.get(JOB_CONFIG_ENV) or "{}")
+    taken = (job.get("runtime_env") or {}).get("env_vars") or {}
+    return {k: v for k, v in env.items() if k not in taken}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        parser = argparse.ArgumentParser(prog="python -m openrlhf_oppo.cli.train_ppo_ray", description=__doc__)
+        parser = argparse.ArgumentParser(prog="python -m openrlhf_oppo.cli.train_ppo_ray", description=__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--config", metavar="FILE", help="YAML preset: OpenRLHF's sections (nested keys = dotted "
+                            "flags) and `oppo:`; flags on the command line override it")
         oppo_config.add_cli_flags(parser)
         parser.print_help()
         print("\nAll other flags are OpenRLHF's: python -m openrlhf.cli.train_ppo_ray --help")
@@ -150,22 +192,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from openrlhf_oppo.integrations.oppo_generator import CONFIG_ENV, TRACE_ENV
-    from openrlhf_oppo.integrations.oppo_trainer import METRICS_JSONL_ENV, patch_driver
+    from openrlhf_oppo.integrations import wandb_offline
+    from openrlhf_oppo.integrations.oppo_generator import CONFIG_ENV
+    from openrlhf_oppo.integrations.oppo_trainer import patch_driver
 
     os.environ[CONFIG_ENV] = json.dumps(oppo_config.to_dict(cfg))
-    env_vars = {
-        # OpenRLHF's own ray.init defaults (train_ppo_ray.train), which it skips once Ray is up
-        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
-        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
-        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
-        CONFIG_ENV: os.environ[CONFIG_ENV],
-    }
-    for name in (METRICS_JSONL_ENV, TRACE_ENV):
-        if name in os.environ:
-            env_vars[name] = os.environ[name]
+    wandb_flags, wandb_env = wandb_offline.wandb_settings(wandb_offline.argv_flags(rest), os.environ)
+    if wandb_env:
+        print("openrlhf_oppo.cli.train_ppo_ray: wandb is configured without a key (--logger.wandb.key or "
+              "WANDB_API_KEY): logging offline; `wandb sync` uploads the run later", file=sys.stderr)
+    os.environ.update(wandb_env)
+    rest += [arg for name, value in wandb_flags.items() for arg in (f"--{name}", value)]
     if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": env_vars})  # the trainer actor reads the OPPO config from here
+        ray.init(runtime_env={"env_vars": driver_env_vars(os.environ)})  # the trainer actor reads the OPPO config from here
     patch_driver(streams_rewards(rest, cfg))
     sys.argv = [OPENRLHF_MODULE, *rest]
     runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)

@@ -26,12 +26,11 @@ from typing import Any
 from openrlhf_oppo import compat, timeline
 from openrlhf_oppo.compat import caches, weight_sync
 from openrlhf_oppo.core import ledger
-from openrlhf_oppo.integrations import seeding
+from openrlhf_oppo.integrations import seeding, wandb_offline
 from openrlhf_oppo.integrations.openrlhf_flags import TRAIN_MODULE
 from openrlhf_oppo.integrations.yaml_config import to_argv
 
 PROBE_TEXT = "question: red cat answer:"
-WANDB_PLACEHOLDER_KEY = "0" * 40  # wandb.login wants a 40-char key; offline mode never sends it
 
 
 @dataclass(frozen=True)
@@ -127,9 +126,6 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     if probe_ids:
         env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
         env[weight_sync.PROBE_PROMPT_ENV] = ",".join(map(str, probe_ids))
-    if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
-        env["WANDB_MODE"] = "offline"
-        env.setdefault("WANDB_DIR", str(paths.root))
     return env
 
 
@@ -159,12 +155,15 @@ def launch(
         paths.rollouts.unlink(missing_ok=True)
         shutil.rmtree(paths.timeline, ignore_errors=True)
     flags = run_flags(paths, flags)
-    if any(k.startswith("logger.wandb.") for k in flags) and not flags.get("logger.wandb.key"):
-        flags["logger.wandb.key"] = WANDB_PLACEHOLDER_KEY
+    wandb_flags, wandb_env = wandb_offline.wandb_settings({**flags, **wandb_offline.argv_flags(extra_argv)}, os.environ)
+    flags.update(wandb_flags)
     argv = [sys.executable, "-m", entry_module, *to_argv(flags), *extra_argv]
     (paths.root / "command.json").write_text(json.dumps(argv, indent=1))
     print("openrlhf-oppo train: " + " ".join(argv[1:]), flush=True)
     env = child_env(paths, flags, probe_ids)
+    if wandb_flags:  # wandb's run files go to RUN_DIR/wandb unless WANDB_DIR says otherwise
+        env.update(wandb_env)
+        env.setdefault("WANDB_DIR", str(paths.root))
     stopped_by: list[int] = []
 
     def on_signal(signum, frame):

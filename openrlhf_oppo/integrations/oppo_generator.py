@@ -302,9 +302,15 @@ class OppoSamplesGenerator(SamplesGenerator):
                 for j, sid in enumerate(self.scheduler.group_sample_ids(gid)):
                     held = None if self.scheduler.is_finished(sid) else self.scheduler.held_tokens(sid)
                     route(gid, sid, self.prompts[gid][2], held, self._seed(slot, self.prompts[gid][0], j))
-        for idx, prompts in opens.items():
-            self.reward_actors[idx].open_many.remote(prompts)
+        opened = {idx: self.reward_actors[idx].open_many.remote(prompts) for idx, prompts in opens.items()}
         ray.get([self.vllm_engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
+        for idx, ref in opened.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass  # it died: its next `process` call fails and `_restart_scorer` reopens what it held
+            except ray.exceptions.RayTaskError as exc:
+                raise RuntimeError(f"OPPO: reward actor {idx} could not open step {self.step}'s samples: {exc}") from exc
 
     def _request(self, gid: int, sid: int, held: list[int], seed: int | None) -> SampleRequest:
         """Decode sample `sid` of group `gid` on from its `held` tokens (none for a new one)."""

@@ -1,7 +1,8 @@
 """Every point where OPPO touches OpenRLHF's PPO pipeline (written against OpenRLHF 0.11.2).
 
 Three names are swapped in the driver process before OpenRLHF's `train_ppo_ray.train`
-runs; both are looked up by name at call time there:
+runs; each is looked up by name at call time there (`RolloutRayActor` by
+`create_vllm_engines`):
 
 1. `openrlhf.trainer.ppo_trainer.PPOTrainer` -> `OppoPPOTrainer`, one subclass of
    OpenRLHF's synchronous trainer that
@@ -23,7 +24,8 @@ runs; both are looked up by name at call time there:
 
 (Ray copies an actor class's methods when it wraps it, so patching
 `BasePPOTrainer` in place would not reach the running trainer; a subclass does.)
-`tests/integrations/test_oppo_touch_points.py` fails if upstream moves these.
+`tests/integrations/test_oppo_touch_points.py` fails if upstream moves these; every
+OpenRLHF symbol OPPO relies on is listed in `touch_points.TOUCH_POINTS`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ logical GPUs). Two runs cover the cells, each combining cells that do not intera
 costs about a minute of start-up here, so CI time decides):
 
 - rule run: `--train.colocate_all`, a `.py` reward function with `group_norm`,
-  `--eval.dataset` every step;
+  `--eval.dataset` every step, wandb configured without a key (offline);
 - model run: `--train.colocate_actor_ref` and `--train.colocate_critic_reward`, the reward
   model named by a hub id resolved from a local hub cache, `--reward.normalize_enable`,
   `--ds.attn_implementation eager`, 2 vLLM engines with n=4 (whole groups on one engine;
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,8 @@ def reward_py(tmp_path_factory) -> Path:
 def rule_run(train_runs, reward_py, tiny_assets):
     return train_runs("oppo", *TWO_STEPS, "--train.colocate_all", "--reward.remote_url", str(reward_py),
                       "--algo.advantage.estimator", "group_norm", "--eval.dataset", str(tiny_assets / "prompts.jsonl"),
-                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1")
+                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1",
+                      "--logger.wandb.project", "oppo-matrix", "--logger.wandb.run_name", "rule")
 
 
 def _hub_cache(root: Path, source: Path, repo: str, mean: float, std: float) -> None:
@@ -226,3 +228,43 @@ def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(model_run, tin
             assert s["reward"] == pytest.approx((raw - MEAN) / STD, abs=2e-3)
             compared += 1
     assert compared == 32  # 4 groups x n=4, 2 steps
+
+
+# ---------------------------------------------------------------- wandb
+
+
+def _wandb_history(path: Path) -> list[dict]:
+    """The history rows of a wandb run file (`run-*.wandb`: a ':W&B' header, then
+    LevelDB-log records in 32 KiB blocks, each a protobuf `Record`)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    block, pos, parts, rows = 32768, 7, [], []
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:  # a block's tail too short for a record header is padding
+            pos += room
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        parts.append(data[pos + 7:pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: the record is complete
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(b"".join(parts))
+            parts = []
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
+def test_wandb_without_a_key_logs_offline_with_oppo_and_timing_keys(rule_run):
+    """`--logger.wandb.*` without a key: the run logs offline into RUN_DIR/wandb, every step
+    with OpenRLHF's metrics, OPPO's `oppo/*` and the timeline's `timing/idle/*`."""
+    (run_file,) = (rule_run.root / "wandb").glob("offline-run-*/run-*.wandb")
+    steps = [r for r in _wandb_history(run_file) if "train/oppo/delta" in r]
+    assert [r["train/global_step"] for r in steps] == [1, 2]
+    for row in steps:
+        for key in ("train/reward", "train/policy_loss", "train/oppo/deferred_fraction", "train/oppo/chunk_size",
+                    "train/timing/idle/rollout", "train/timing/idle/actor"):
+            assert isinstance(row.get(key), (int, float)), (key, sorted(row))

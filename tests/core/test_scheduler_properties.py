@@ -1,4 +1,4 @@
-"""DESIGN §3 invariants as properties over random event streams.
+"""The scheduler's invariants (docs/design.md) as properties over random event streams.
 
 A random driver plays engine and scorers: random batch size B, group size n,
 Δ bounds and rule (so Δ changes), chunk size, deferral limit, scorer set,

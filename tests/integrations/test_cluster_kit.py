@@ -1,0 +1,160 @@
+"""The cluster kit a user copies from: example scripts, presets and the Docker image.
+
+Every script passes `bash -n`, prints its final command with `--dry-run` (no Ray, GPU or
+SLURM needed), and that command parses with OpenRLHF 0.11.2's own parser (its
+`train_ppo_ray` run as `__main__` up to `parse_args`) plus ours (`--config`, `--oppo.*`,
+the refusals): a flag renamed upstream or misspelt in a script or preset fails here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from openrlhf_oppo.cli import train_ppo_ray
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((REPO / "examples" / "scripts").glob("train_*.sh"))
+ENTRY = "openrlhf_oppo.cli.train_ppo_ray"
+
+
+class _Parsed(Exception):
+    def __init__(self, namespace):
+        self.namespace = namespace
+
+
+def openrlhf_parse(argv: list[str]) -> dict:
+    """OpenRLHF's own `train_ppo_ray` parser on `argv` (its module runs as `__main__` and
+    stops at `parse_args`): {dotted flag: value}. SystemExit(2) with argparse's message
+    for an unknown flag."""
+    from openrlhf_oppo import compat
+
+    compat.apply()  # OpenRLHF's model module imports flash_attn: the stand-in where CUDA is absent
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise _Parsed(real(self, args, namespace))
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
+            mock.patch.object(sys, "argv", [train_ppo_ray.OPENRLHF_MODULE, *argv]):
+        try:
+            runpy.run_module(train_ppo_ray.OPENRLHF_MODULE, run_name="__main__")
+        except _Parsed as parsed:
+            return vars(parsed.namespace)
+    raise AssertionError("OpenRLHF's train_ppo_ray did not parse its arguments")
+
+
+def dry_run(script: Path, *extra: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run(["bash", str(script), "--dry-run", *extra], capture_output=True, text=True, timeout=60,
+                         env=env, cwd="/")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if ENTRY in line]
+    assert len(lines) == 1, out.stdout
+    return shlex.split(lines[0])
+
+
+def training_argv(command: list[str]) -> list[str]:
+    return command[command.index(ENTRY) + 1:]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_bash_n(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_every_setup_has_a_script():
+    names = {p.name for p in SCRIPTS}
+    assert {"train_oppo_qwen2.5_7b_8gpu.sh", "train_oppo_gsm8k_grpo.sh", "train_oppo_gsm8k_ppo.sh",
+            "train_oppo_3b_8xa100.sh", "train_oppo_multinode.sh", "train_oppo_slurm.sh"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_parses_with_openrlhfs_parser_and_ours(script, monkeypatch):
+    monkeypatch.chdir(REPO)  # the scripts run from the repository root; presets are relative to it
+    argv = training_argv(dry_run(script))
+    cfg, rest = train_ppo_ray.parse(argv)
+    train_ppo_ray.check_flags(rest, cfg)
+    args = openrlhf_parse(train_ppo_ray.openrlhf_argv(rest, cfg))
+    assert args["actor.model_name_or_path"] and args["data.prompt_dataset"]
+    assert not [a for a in rest if a.startswith("--oppo.")]
+
+
+def test_flags_after_the_script_override_its_preset(monkeypatch):
+    monkeypatch.chdir(REPO)
+    script = REPO / "examples" / "scripts" / "train_oppo_gsm8k_grpo.sh"
+    argv = training_argv(dry_run(script, "--rollout.batch_size", "8", "--oppo.delta.init", "1"))
+    cfg, rest = train_ppo_ray.parse(argv)
+    assert cfg.delta.init == 1
+    assert openrlhf_parse(train_ppo_ray.openrlhf_argv(rest, cfg))["rollout.batch_size"] == 8
+
+
+def test_an_unknown_flag_fails_openrlhfs_parser(capsys):
+    with pytest.raises(SystemExit) as exc:
+        openrlhf_parse(["--actor.model_name_or_path", "m", "--rollout.batch_sise", "8"])
+    assert exc.value.code == 2 and "--rollout.batch_sise" in capsys.readouterr().err
+
+
+def test_dockerfile_copies_what_exists_and_installs_the_gpu_stack():
+    text = (REPO / "dockerfile" / "Dockerfile").read_text()
+    assert re.search(r"^FROM nvcr\.io/nvidia/pytorch:26\.03-py3$", text, re.M)  # OpenRLHF 0.11.2's documented image
+    for line in re.findall(r"^COPY (.+) \S+$", text, re.M):
+        for source in line.split():
+            assert (REPO / source).exists(), f"Dockerfile COPY {source}: not in the repository"
+    assert "OPPO_STACK=gpu" in text and "bash scripts/install.sh" in text
+
+
+def _readme_cluster_section() -> str:
+    text = (REPO / "README.md").read_text()
+    return text[text.index("## On a GPU cluster"):text.index("### OpenRLHF features with OPPO")]
+
+
+def test_readme_gpu_example_parses_and_is_not_refused():
+    """The README's `ray job submit` example is a command a user can paste."""
+    blocks = re.findall(r"```bash\n(.*?)```", _readme_cluster_section(), re.S)
+    (block,) = [b for b in blocks if ENTRY in b]
+    argv = training_argv(shlex.split(block.replace("\\\n", " ")))
+    assert "--reward.model_name_or_path" in argv and "--oppo.delta.init" in argv
+    cfg, rest = train_ppo_ray.parse(argv)
+    train_ppo_ray.check_flags(rest, cfg)
+    args = openrlhf_parse(train_ppo_ray.openrlhf_argv(rest, cfg))
+    assert args["reward.model_name_or_path"] == "OpenRLHF/Llama-3-8b-rm-700k"  # a hub id: resolved as OpenRLHF does
+    assert train_ppo_ray.streams_rewards(rest, cfg)
+
+
+def test_every_path_the_readme_cluster_section_names_exists():
+    paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`", _readme_cluster_section()))
+    section = _readme_cluster_section()
+    paths |= {f"examples/scripts/{n}" for n in re.findall(r"`(train_oppo_[\w.]+\.sh)`", section)}
+    paths |= {f"configs/cluster/{n}" for n in re.findall(r"`([\w.-]+\.yaml)`", section)}
+    assert paths and [p for p in sorted(paths) if not (REPO / p).exists()] == []
+
+
+def test_the_driver_runtime_env_leaves_out_what_the_submitted_job_sets():
+    """`ray job submit --runtime-env-json` with env_vars (the scripts set NCCL_DEBUG and, when
+    set, WANDB_API_KEY): Ray refuses a driver `ray.init` runtime env that sets one of them
+    again, so the entry point leaves those to the job and forwards the rest."""
+    import json
+
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+    from ray.runtime_env.runtime_env import _merge_runtime_env
+
+    assert train_ppo_ray.JOB_CONFIG_ENV == RAY_JOB_CONFIG_JSON_ENV_VAR
+    job = {"runtime_env": {"working_dir": ".", "env_vars": {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "k"}}}
+    environ = {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "k", "OPPO_CONFIG_JSON": "{}", "OPPO_TIMELINE_DIR": "/shared/t",
+               "HOME": "/root", train_ppo_ray.JOB_CONFIG_ENV: json.dumps(job)}
+    env = train_ppo_ray.driver_env_vars(environ)
+    assert env == {"TOKENIZERS_PARALLELISM": "true", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+                   "OPPO_CONFIG_JSON": "{}", "OPPO_TIMELINE_DIR": "/shared/t"}
+    assert _merge_runtime_env(job["runtime_env"], {"env_vars": env}) is not None  # what ray.init does with them
+    assert _merge_runtime_env(job["runtime_env"], {"env_vars": {**env, "NCCL_DEBUG": "WARN"}}) is None
+    outside_a_job = train_ppo_ray.driver_env_vars({k: v for k, v in environ.items() if k != train_ppo_ray.JOB_CONFIG_ENV})
+    assert outside_a_job["NCCL_DEBUG"] == "INFO" and outside_a_job["WANDB_API_KEY"] == "k"
