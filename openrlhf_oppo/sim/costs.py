@@ -108,7 +108,7 @@ def build(cfg: SimConfig) -> CostModel:
     base = _roofline(cfg) if cfg.hardware is not None and cfg.actor is not None else _measured_only(cfg)
     m = cfg.costs
     updates = {}
-    if m.decode_step_s > 0:  # a measured engine: no roofline terms left
+    if m.measured_decode:  # a measured engine: no roofline terms left
         updates.update(decode_overhead_s=m.decode_step_s, decode_weights_read_s=0.0,
                        decode_kv_read_per_token_s=m.decode_per_context_token_s,
                        decode_compute_per_seq_s=m.decode_per_seq_s)

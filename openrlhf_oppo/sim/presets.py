@@ -160,6 +160,11 @@ class Costs:
     train_per_token_s: float = _f(0.0, "Actor + critic training per token.")
     weight_sync_s: float = _f(0.0, "One weight sync.")
 
+    @property
+    def measured_decode(self) -> bool:
+        """Whether the engine's decode costs are measured (a fit may put either term at 0)."""
+        return self.decode_step_s > 0 or self.decode_per_seq_s > 0
+
 
 @dataclass(frozen=True)
 class PaperTargets:
@@ -353,9 +358,10 @@ def validate(cfg: SimConfig) -> None:
     if cfg.hardware is not None:
         _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train unless colocated) <= "
                  f"split.gpus_per_node ({s.gpus_per_node})", gpus)
-    measured = cfg.costs.decode_step_s > 0
+    measured = cfg.costs.measured_decode
     _require(measured or (cfg.hardware is not None and cfg.actor is not None and cfg.reward is not None),
-             "hardware", "set (with actor and reward) unless costs.decode_step_s is measured", cfg.hardware)
+             "hardware", "set (with actor and reward) unless the decode costs (costs.decode_*) are measured",
+             cfg.hardware)
 
 
 def _require(ok: bool, key: str, allowed: str, value: Any) -> None:

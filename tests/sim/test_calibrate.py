@@ -72,6 +72,17 @@ def test_calibrate_writes_a_preset_the_simulator_runs(tmp_path, capsys):
     assert {r["tokens"] for r in res.rows if r["kind"] == "sample"} <= {30, 60, 100, 200}
 
 
+def test_a_fit_with_no_fixed_decode_cost_is_still_a_measured_engine(tmp_path):
+    """Real CPU runs fit decode_step_s = 0 (all cost per sequence): the preset needs no hardware."""
+    run = make_run(tmp_path / "run")
+    out = tmp_path / "cal.yaml"
+    assert calibrate.main([str(run), "--output", str(out), "--warmup-steps", "0"]) == 0
+    cfg = load_preset(str(out), ["costs.decode_step_s=0", "workload.steps=4", "workload.seeds=1"])
+    model = cost_model.build(cfg)
+    assert model.decode_step_s(4, 0) == pytest.approx(4 * PER_SEQ_S)
+    assert drivers.simulate(cfg, model, "oppo", 0).rows
+
+
 def test_calibrate_names_what_a_run_directory_lacks(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="timeline/ and rollouts.jsonl"):
