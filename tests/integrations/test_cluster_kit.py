@@ -158,3 +158,14 @@ def test_the_driver_runtime_env_leaves_out_what_the_submitted_job_sets():
     assert _merge_runtime_env(job["runtime_env"], {"env_vars": {**env, "NCCL_DEBUG": "WARN"}}) is None
     outside_a_job = train_ppo_ray.driver_env_vars({k: v for k, v in environ.items() if k != train_ppo_ray.JOB_CONFIG_ENV})
     assert outside_a_job["NCCL_DEBUG"] == "INFO" and outside_a_job["WANDB_API_KEY"] == "k"
+
+
+def test_wandb_without_a_key_is_offline_unless_wandb_api_key_is_set():
+    from openrlhf_oppo.integrations.wandb_offline import PLACEHOLDER_KEY, argv_flags, wandb_settings
+
+    flags = argv_flags(["--actor.model_name_or_path", "m", "--logger.wandb.project", "p", "--logger.wandb.run_name=r"])
+    assert flags == {"logger.wandb.project": "p", "logger.wandb.run_name": "r"}
+    assert wandb_settings(flags, {}) == ({"logger.wandb.key": PLACEHOLDER_KEY}, {"WANDB_MODE": "offline"})
+    assert wandb_settings(flags, {"WANDB_API_KEY": "k"}) == ({"logger.wandb.key": PLACEHOLDER_KEY}, {})  # online
+    assert wandb_settings({**flags, "logger.wandb.key": "k"}, {}) == ({}, {})  # the user's key, as OpenRLHF
+    assert wandb_settings({"actor.model_name_or_path": "m"}, {}) == ({}, {})  # no wandb
