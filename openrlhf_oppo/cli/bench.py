@@ -9,6 +9,8 @@ TARGETS = {
     "core": ("openrlhf_oppo.bench.core", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
     "scorer": ("openrlhf_oppo.bench.scorer", "streamed vs one-shot scoring time per chunk size"),
     "schedules": ("openrlhf_oppo.bench.schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
+    "convergence": ("openrlhf_oppo.bench.convergence",
+                    "reward per step and per second over seeds: sync vs OPPO, time-to-reward, length bias"),
     "soak": ("openrlhf_oppo.bench.soak", "a long run: RSS of every process and reward-actor KV tokens over steps"),
 }
 
@@ -20,7 +22,7 @@ def main(argv: list[str]) -> int:
             return 2
         print("usage: openrlhf-oppo bench <target> [options]\n\ntargets:")
         for name, (_, help_) in TARGETS.items():
-            print(f"  {name:<10} {help_}")
+            print(f"  {name:<12} {help_}")
         return 0
     module = importlib.import_module(TARGETS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)

@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", required=True, help=f"one of: {', '.join(SCHEDULES)}")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/tiny-cpu.yaml")
     p.add_argument("--assets", default=None,
-                   help="tiny-task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")
+                   help="task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")
     p.add_argument("--output", default=None, help="run directory (default: runs/<config>-<schedule>)")
     p.add_argument("--timeout-s", type=float, default=None, help="end the run (exit 124) after this many seconds")
     p.add_argument("--skip-input-checks", action="store_true",
@@ -34,17 +34,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _task_flags(flags: dict, assets_dir: str | None, variant: str) -> tuple[dict, Path | None]:
-    """Model and data paths default to the built-in tiny task (`variant`, one of
-    tiny.VARIANTS), built on first use."""
-    from openrlhf_oppo.tasks import tiny
+    """Model and data paths default to a built-in task (`variant`, one of
+    openrlhf_oppo.tasks.VARIANTS), built on first use."""
+    from openrlhf_oppo import tasks
 
     # Checked even when the paths are given, so a typo never passes silently.
-    if variant not in tiny.VARIANTS:
-        raise ValueError(f"task.variant: unknown variant '{variant}'; allowed: {', '.join(tiny.VARIANTS)}")
+    if variant not in tasks.VARIANTS:
+        raise ValueError(f"task.variant: unknown variant '{variant}'; allowed: {', '.join(tasks.VARIANTS)}")
     needed = {"actor.model_name_or_path", "reward.model_name_or_path", "data.prompt_dataset"}
     if needed <= flags.keys():
         return {}, None
-    assets = tiny.build(assets_dir or tiny.default_root(variant), tiny.VARIANTS[variant])
+    assets = tasks.build(variant, assets_dir)
     defaults = {
         "actor.model_name_or_path": str(assets.actor),
         "reward.model_name_or_path": str(assets.reward),

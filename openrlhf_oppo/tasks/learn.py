@@ -1,0 +1,778 @@
+"""A learnable task with a learned reward model, built in code and cached on disk.
+
+The task: reverse a list of words ("reverse: red cat blue dog =>" -> " dog blue cat red").
+List lengths are heavy-tailed (most 1-6 words, a few 15-40), and a response is one token
+per word plus EOS, so response lengths have a long tail, as in real RLHF.
+
+    prompt   "reverse: red cat blue dog =>"
+    answer   "dog blue cat red"            (the `label` in prompts.jsonl)
+    response " dog blue cat red<|eos|>"    (what SFT teaches; `exact_match` checks it)
+
+Built by `build` (also `openrlhf-oppo prepare --variant learn`, and on first use by a
+run config with `task: {variant: learn}`), with OpenRLHF's own trainers run as
+subprocesses through the CPU compat layer:
+
+    tokenizer/        byte-level BPE (every word of the vocabulary is one token)
+    init_actor/       randomly initialised Qwen2ForCausalLM, SFT's starting point
+    actor/            the SFT policy (`python -m openrlhf.cli.train_sft`): actor and reference
+    reward/           Bradley-Terry reward model (`python -m openrlhf.cli.train_rm`), initialised
+                      from the SFT policy; OpenRLHF's layout (`--reward.model_name_or_path`), and
+                      the critic's initialisation, as OpenRLHF does by default
+    data/sft.jsonl          {"input", "output"}: prompt, response (with EOS)
+    data/rm_train.jsonl     {"prompt", "chosen", "rejected", "kind"}: gold vs one plausible mistake
+    data/rm_heldout.jsonl   same, prompts drawn from another seed (RM held-out accuracy)
+    prompts.jsonl     {"input", "label"}: RL prompts with the ground-truth answer
+    summary.json      what `build` measured (losses, accuracies, lengths, stage times)
+    BUILD_OK          written last; the asset version and the spec
+
+Splits: SFT, RM-train, RM-held-out and RL prompts are each drawn from their own seed.
+Lists of 1-2 words (930 possible) inevitably repeat across splits; longer ones
+practically never do. Measurements on "unseen" prompts leave out those in the SFT set.
+
+Trainer precision (`LearnSpec.train_dtype`): OpenRLHF 0.11.2's trainers accept
+`--ds.param_dtype` bf16 or fp16 only. On a CPU without AVX512-BF16 / AMX (the 2-core
+development machine has neither) bf16 matmuls are emulated: a forward + backward of the
+actor took 7-11x as long as in fp32, and a whole OpenRLHF SFT step 2-3x. By default the
+trainers therefore run with fp32 parameters (`fp32_trainer_main`: the same trainer, two
+touch points); `train_dtype="bf16"` runs them exactly as OpenRLHF ships them. The saved
+models are fp32; PPO loads them in bf16, and `build` measures them in bf16 as PPO runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from openrlhf_oppo.tasks import tiny
+
+ASSET_VERSION = "learn-v1"
+DEFAULT_ASSETS_DIR = tiny.DEFAULT_ASSETS_DIR.with_name("learn")
+
+# The words the lists are made of (one BPE token each after a space).
+WORDS = tuple(
+    "red green blue black white cat dog bird fish cow one two three four five six seven eight nine ten "
+    "sun moon star tree rock hat box cup pen map".split()
+)
+OP = "reverse"
+ARROW = " =>"  # ends every prompt; the response starts with a space
+# Parameter dtype of the trainers: "fp32" runs OpenRLHF's trainer with fp32 parameters
+# (`fp32_trainer_main`), "bf16" as OpenRLHF ships it (see the module docstring).
+TRAIN_DTYPES = ("fp32", "bf16")
+
+
+# ---- the task ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LengthLaw:
+    """Mixture of uniform bands of list lengths (words): short with the rest of the
+    probability, `p_mid` in the middle band, `p_long` in the long band."""
+
+    short: tuple[int, int] = (1, 6)
+    mid: tuple[int, int] = (7, 14)
+    long: tuple[int, int] = (15, 40)
+    p_mid: float = 0.10
+    p_long: float = 0.05
+
+    def sample(self, rng: random.Random) -> int:
+        u = rng.random()
+        band = self.long if u < self.p_long else self.mid if u < self.p_long + self.p_mid else self.short
+        return rng.randint(*band)
+
+
+def make_prompt(words: list[str]) -> str:
+    return f"{OP}: {' '.join(words)}{ARROW}"
+
+
+def parse_prompt(prompt: str) -> list[str]:
+    """The word list of a prompt made by `make_prompt` (ValueError otherwise)."""
+    head = f"{OP}:"
+    if not (prompt.startswith(head) and prompt.endswith(ARROW)):
+        raise ValueError(f"not a {OP} prompt: {prompt!r}")
+    return prompt[len(head) : -len(ARROW)].split()
+
+
+def answer_words(prompt: str) -> list[str]:
+    return parse_prompt(prompt)[::-1]
+
+
+def answer(prompt: str) -> str:
+    """The ground truth (the `label` of prompts.jsonl)."""
+    return " ".join(answer_words(prompt))
+
+
+def exact_match(prompt: str, response: str, eos_token: str = "<|eos|>") -> bool:
+    """Whether `response` is the reversed list, ignoring surrounding whitespace and an EOS
+    token's text (vLLM / transformers decode with or without special tokens)."""
+    text = response.split(eos_token, 1)[0] if eos_token in response else response
+    return text.split() == answer_words(prompt)
+
+
+def prompt_records(n: int, seed: int, lengths: LengthLaw = LengthLaw()) -> list[dict]:
+    """n RL prompt records {"input", "label"}, deterministic for a seed."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        prompt = make_prompt([rng.choice(WORDS) for _ in range(lengths.sample(rng))])
+        records.append({"input": prompt, "label": answer(prompt)})
+    return records
+
+
+# Plausible mistakes: each maps (gold answer words, prompt words, rng) -> a wrong answer, or
+# None where it does not apply (e.g. nothing to swap in a one-word list).
+def _swap(gold: list[str], source: list[str], rng: random.Random) -> list[str] | None:
+    spots = [i for i in range(len(gold) - 1) if gold[i] != gold[i + 1]]
+    if not spots:
+        return None
+    i = rng.choice(spots)
+    out = list(gold)
+    out[i], out[i + 1] = out[i + 1], out[i]
+    return out
+
+
+def _drop(gold: list[str], source: list[str], rng: random.Random) -> list[str] | None:
+    if len(gold) < 2:
+        return None
+    i = rng.randrange(len(gold))
+    return gold[:i] + gold[i + 1 :]
+
+
+def _repeat(gold: list[str], source: list[str], rng: random.Random) -> list[str] | None:
+    i = rng.randrange(len(gold))
+    return gold[: i + 1] + gold[i:]
+
+
+def _substitute(gold: list[str], source: list[str], rng: random.Random) -> list[str] | None:
+    i = rng.randrange(len(gold))
+    return gold[:i] + [rng.choice([w for w in WORDS if w != gold[i]])] + gold[i + 1 :]
+
+
+def _unreversed(gold: list[str], source: list[str], rng: random.Random) -> list[str] | None:
+    return list(source) if source != gold else None  # copied in prompt order
+
+
+def _truncate(gold: list[str], source: list[str], rng: random.Random) -> list[str] | None:
+    if len(gold) < 2:
+        return None
+    return gold[: rng.randint(1, len(gold) - 1)]
+
+
+MISTAKES = {
+    "swap": _swap,
+    "drop": _drop,
+    "repeat": _repeat,
+    "substitute": _substitute,
+    "unreversed": _unreversed,
+    "truncate": _truncate,
+}
+
+
+def mistake(kind: str, prompt: str, rng: random.Random) -> str | None:
+    """A wrong answer of the given kind for `prompt`, or None where the kind does not apply."""
+    source = parse_prompt(prompt)
+    wrong = MISTAKES[kind](source[::-1], source, rng)
+    return None if wrong is None else " ".join(wrong)
+
+
+def preference_pairs(n: int, seed: int, eos_token: str, lengths: LengthLaw = LengthLaw(),
+                     kind_weights: dict[str, float] | None = None) -> list[dict]:
+    """n pairs {"prompt", "chosen", "rejected", "kind"}: the gold response against one
+    plausible mistake of a kind drawn from those that apply, with `kind_weights`
+    (default: uniform)."""
+    weights = {kind: 1.0 for kind in MISTAKES} if kind_weights is None else kind_weights
+    rng = random.Random(seed)
+    pairs = []
+    for rec in prompt_records(n, seed + 1, lengths):
+        prompt = rec["input"]
+        options = {kind: mistake(kind, prompt, rng) for kind in MISTAKES}
+        applicable = sorted(k for k, v in options.items() if v is not None and weights.get(k, 0) > 0)
+        if not applicable:  # a one-word list admits only repeat and substitute
+            raise ValueError(f"kind_weights {weights} give no applicable mistake for {prompt!r}")
+        kind = rng.choices(applicable, weights=[weights[k] for k in applicable])[0]
+        pairs.append({
+            "prompt": prompt,
+            "chosen": f" {rec['label']}{eos_token}",
+            "rejected": f" {options[kind]}{eos_token}",
+            "kind": kind,
+        })
+    return pairs
+
+
+def sft_records(n: int, seed: int, eos_token: str, lengths: LengthLaw = LengthLaw()) -> list[dict]:
+    """n SFT records {"input", "output"}: the response ends with EOS (so OpenRLHF's
+    SFTDataset adds no " " + EOS of its own)."""
+    return [{"input": r["input"], "output": f" {r['label']}{eos_token}"} for r in prompt_records(n, seed, lengths)]
+
+
+# ---- assets ---------------------------------------------------------------------------
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0):
+    """Byte-level BPE (tiny.build_tokenizer's recipe) trained on task text, so that every
+    word, after a space, is one token. Saved as a transformers tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=tiny.SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [r["input"] + " " + r["label"] for r in prompt_records(2000, seed)]
+    tok.train_from_iterator(corpus, trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", bos_token="<|bos|>", eos_token="<|eos|>"
+    )
+    hf_tok.padding_side = "left"
+    split = [w for w in WORDS if len(hf_tok.encode(" " + w)) != 1]
+    if split:
+        raise RuntimeError(f"tokenizer splits words {split}: raise vocab_size")
+    hf_tok.save_pretrained(out_dir)
+    return hf_tok
+
+
+@dataclass(frozen=True)
+class LearnSpec:
+    """What `build` makes. Defaults: the `learn` variant (see VARIANTS)."""
+
+    actor: tiny.TinyModelSpec = tiny.TinyModelSpec(vocab_size=384, hidden_size=128, intermediate_size=256,
+                                                   num_attention_heads=4, num_key_value_heads=4,
+                                                   max_position_embeddings=256)
+    """Shape of the actor; the reward model has it too (it starts from the SFT policy). 2 layers,
+    hidden 128, 4 heads of head_dim 32 (vLLM CPU's smallest): ~0.4 M parameters. With tiny's
+    hidden 64 the reward model stayed at 0.82-0.85 held-out accuracy in bf16 after 32-48 k
+    pairs; hidden 128 reached 0.92 after 32 k. The EOS / trap fields are unused here."""
+    lengths: LengthLaw = LengthLaw()
+    """List lengths (words) of every split."""
+    seed: int = 1234
+    """Seed of the data (each split offsets it), the tokenizer corpus, the initial actor and the trainers."""
+    sft_samples: int = 9600
+    """SFT records, one epoch: sft_samples / sft_batch_size optimizer steps (300: the policy
+    reverses most short lists and no long one, so RL has something to gain)."""
+    sft_batch_size: int = 32
+    """SFT samples per optimizer step (--train.batch_size = --train.micro_batch_size)."""
+    sft_lr: float = 3e-3
+    """SFT peak learning rate (cosine to 10 %, 3 % warm-up)."""
+    rm_train_pairs: int = 32000
+    """Reward-model training pairs, one epoch (in a plain-torch trial, 19,200 gave 0.85 held-out
+    accuracy in bf16, 32,000 gave 0.92)."""
+    rm_kind_weights: tuple[tuple[str, float], ...] = (
+        ("swap", 3.0), ("substitute", 3.0), ("unreversed", 2.0), ("drop", 1.0), ("repeat", 1.0), ("truncate", 1.0))
+    """Mistake kinds of the training pairs, by weight: the local mistakes (a swap, a substituted
+    word), which the policy's own samples are full of, are the hardest to learn. The held-out
+    pairs weigh every kind the same."""
+    rm_heldout_pairs: int = 512
+    """Held-out pairs (their own seed): the accuracy `build` reports, and OpenRLHF's eval set (reward mean / std)."""
+    rm_batch_size: int = 64
+    """Pairs per reward-model optimizer step."""
+    rm_lr: float = 1e-3
+    """Reward-model peak learning rate."""
+    rl_prompts: int = 1024
+    """Rows of prompts.jsonl (the RL prompts, with the ground truth as `label`)."""
+    eval_prompts: int = 256
+    """The first eval_prompts RL prompts are sampled once each from the SFT policy by `build`."""
+    max_new_tokens: int = 64
+    """Cap when sampling the SFT policy (configs/learn-cpu.yaml's rollout.max_new_tokens)."""
+    max_len: int = 160
+    """Trainers' --data.max_len (tokens): prompt (<= 43) + response (<= 41), with room."""
+    train_dtype: str = "fp32"
+    """Trainers' parameter dtype, one of TRAIN_DTYPES ("bf16": OpenRLHF's trainers as shipped)."""
+
+    def __post_init__(self):
+        if self.train_dtype not in TRAIN_DTYPES:
+            raise ValueError(f"train_dtype must be one of {', '.join(TRAIN_DTYPES)}, got {self.train_dtype!r}")
+        for name, batch in (("sft_samples", "sft_batch_size"), ("rm_train_pairs", "rm_batch_size")):
+            if not 1 <= getattr(self, batch) <= getattr(self, name):
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= {batch} ({getattr(self, batch)}) >= 1: "
+                                 "OpenRLHF trains on whole batches only")
+        if not 1 <= self.eval_prompts <= self.rl_prompts:
+            raise ValueError(f"eval_prompts must be in [1, rl_prompts = {self.rl_prompts}], got {self.eval_prompts}")
+        weights = dict(self.rm_kind_weights)
+        if set(weights) - set(MISTAKES) or not all(w >= 0 for w in weights.values()) or not any(weights.values()):
+            raise ValueError(f"rm_kind_weights must weigh kinds of {', '.join(MISTAKES)} with weights >= 0, "
+                             f"not all 0; got {self.rm_kind_weights}")
+        if self.rm_heldout_pairs < 1:
+            raise ValueError(f"rm_heldout_pairs must be >= 1, got {self.rm_heldout_pairs}")
+
+
+VARIANTS = {"learn": LearnSpec()}
+
+
+@dataclass(frozen=True)
+class LearnAssets:
+    """Paths of a built asset directory (same attributes as tiny.TinyAssets where shared)."""
+
+    root: Path
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def init_actor(self) -> Path:
+        return self.root / "init_actor"
+
+    @property
+    def actor(self) -> Path:
+        return self.root / "actor"
+
+    @property
+    def reward(self) -> Path:
+        return self.root / "reward"
+
+    @property
+    def critic(self) -> Path:
+        return self.root / "reward"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts.jsonl"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    def is_built(self, spec: LearnSpec) -> bool:
+        marker = self.root / "BUILD_OK"
+        return marker.exists() and marker.read_text().strip() == build_marker(spec)
+
+
+def build_marker(spec: LearnSpec) -> str:
+    return f"{ASSET_VERSION} {spec!r}"
+
+
+def default_root(variant: str = "learn") -> Path:
+    return DEFAULT_ASSETS_DIR if variant == "learn" else DEFAULT_ASSETS_DIR.with_name(variant)
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_data(assets: LearnAssets, spec: LearnSpec, eos_token: str) -> None:
+    """The four splits, each from its own seed (see the module docstring)."""
+    _write_jsonl(assets.data / "sft.jsonl", sft_records(spec.sft_samples, spec.seed, eos_token, spec.lengths))
+    _write_jsonl(assets.data / "rm_train.jsonl", preference_pairs(spec.rm_train_pairs, spec.seed + 10, eos_token,
+                                                                  spec.lengths, dict(spec.rm_kind_weights)))
+    _write_jsonl(assets.data / "rm_heldout.jsonl",
+                 preference_pairs(spec.rm_heldout_pairs, spec.seed + 20, eos_token, spec.lengths))
+    _write_jsonl(assets.prompts, prompt_records(spec.rl_prompts, spec.seed + 30, spec.lengths))
+
+
+def init_actor(assets: LearnAssets, spec: LearnSpec, tokenizer) -> int:
+    """A randomly initialised Qwen2ForCausalLM (bf16) with the tokenizer; returns its parameter count."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(spec.seed)
+    actor = Qwen2ForCausalLM(tiny._qwen2_config(spec.actor, tokenizer)).to(torch.bfloat16)
+    actor.save_pretrained(assets.init_actor)
+    tokenizer.save_pretrained(assets.init_actor)
+    return sum(p.numel() for p in actor.parameters())
+
+
+# ---- OpenRLHF's trainers, as subprocesses ---------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of one OpenRLHF trainer process: the CPU compat layer (where CUDA is
+    absent), the project's compile caches (DeepSpeed's JIT-built Adam is reused) and a
+    single-process torch.distributed world, which DeepSpeed's init needs without a launcher."""
+    from openrlhf_oppo import compat
+    from openrlhf_oppo.compat import caches
+
+    env = dict(os.environ if base is None else base)
+    env.update(compat.launch_env(env))
+    env.update(caches.cache_env(env))
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    return env
+
+
+def _common_flags(spec: LearnSpec, out_dir: Path, logs: Path, run_name: str) -> list[str]:
+    return [
+        "--ds.zero_stage", "2",
+        "--ds.attn_implementation", "sdpa",  # flash_attention_2 needs CUDA
+        "--data.max_len", str(spec.max_len),
+        "--train.seed", str(spec.seed),
+        "--lr_warmup_ratio", "0.03",
+        "--logger.logging_steps", "1",
+        "--logger.tensorboard_dir", str(logs),
+        "--logger.wandb.run_name", run_name,  # fixes TensorBoard's subdirectory
+        "--ckpt.output_dir", str(out_dir),
+        "--ckpt.path", str(out_dir.parent / "ckpt" / run_name),
+        "--ckpt.save_steps", "-1",
+    ]
+
+
+def sft_argv(assets: LearnAssets, spec: LearnSpec) -> list[str]:
+    return trainer_argv("openrlhf.cli.train_sft", [
+        "--model.model_name_or_path", str(assets.init_actor),
+        "--data.dataset", str(assets.data / "sft.jsonl"),
+        "--data.input_key", "input",
+        "--data.output_key", "output",
+        "--data.input_template", "",  # the prompt as it is, as PPO sees it (no "User: ... Assistant:")
+        "--data.max_samples", str(spec.sft_samples),
+        "--train.batch_size", str(spec.sft_batch_size),
+        "--train.micro_batch_size", str(spec.sft_batch_size),
+        "--train.max_epochs", "1",
+        "--adam.lr", str(spec.sft_lr),
+        *_common_flags(spec, assets.actor, assets.root / "logs", "sft"),
+    ], spec.train_dtype)
+
+
+def rm_argv(assets: LearnAssets, spec: LearnSpec) -> list[str]:
+    return trainer_argv("openrlhf.cli.train_rm", [
+        "--model.model_name_or_path", str(assets.actor),  # the SFT policy: it already knows the task
+        "--data.dataset", str(assets.data / "rm_train.jsonl"),
+        "--eval.dataset", str(assets.data / "rm_heldout.jsonl"),  # OpenRLHF's own eval; mean/std from it
+        "--data.prompt_key", "prompt",
+        "--data.chosen_key", "chosen",
+        "--data.rejected_key", "rejected",
+        "--data.max_samples", str(spec.rm_train_pairs),
+        "--train.batch_size", str(spec.rm_batch_size),
+        "--train.micro_batch_size", str(spec.rm_batch_size),
+        "--train.max_epochs", "1",
+        "--adam.lr", str(spec.rm_lr),
+        *_common_flags(spec, assets.reward, assets.root / "logs", "rm"),
+    ], spec.train_dtype)
+
+
+_FP32_ENTRY = "from openrlhf_oppo.tasks.learn import fp32_trainer_main; fp32_trainer_main()"
+
+
+def trainer_argv(module: str, flags: list[str], dtype: str) -> list[str]:
+    """Command line of OpenRLHF's trainer `module` (e.g. openrlhf.cli.train_sft)."""
+    if dtype == "bf16":
+        return [sys.executable, "-m", module, "--ds.param_dtype", "bf16", *flags]  # as OpenRLHF ships it
+    return [sys.executable, "-c", _FP32_ENTRY, module, "--ds.param_dtype", "bf16", *flags]
+
+
+def _without_half_precision(make_config):
+    def wrapper(*args, **kwargs):
+        config = make_config(*args, **kwargs)
+        config["bf16"]["enabled"] = False
+        config["fp16"]["enabled"] = False
+        return config
+
+    return wrapper
+
+
+def fp32_trainer_main() -> None:
+    """`python -c ... MODULE FLAGS...`: run OpenRLHF's trainer MODULE as `python -m MODULE
+    FLAGS...` does, with fp32 parameters. Two touch points of openrlhf 0.11.2, both read at
+    call time: `openrlhf.utils.utils.convert_to_torch_dtype` (the dtype `Actor` and
+    `get_llm_for_sequence_regression` load in; "bf16" from the flag) and the DeepSpeed
+    configs `DeepspeedStrategy` builds (`get_train_ds_config` / `get_eval_ds_config`,
+    imported by name into `openrlhf.utils.deepspeed.deepspeed`): bf16 off, else DeepSpeed
+    casts the model back to bf16."""
+    import runpy
+
+    import torch
+    from openrlhf.utils import utils
+    from openrlhf.utils.deepspeed import deepspeed as strategy_module
+
+    utils.convert_to_torch_dtype = lambda param_dtype: torch.float32
+    strategy_module.get_train_ds_config = _without_half_precision(strategy_module.get_train_ds_config)
+    strategy_module.get_eval_ds_config = _without_half_precision(strategy_module.get_eval_ds_config)
+    module = sys.argv[1]
+    sys.argv = [module, *sys.argv[2:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def run_trainer(argv: list[str], cwd: Path, log=print) -> None:
+    """Run one OpenRLHF trainer; its progress bars go to this process's terminal."""
+    log(f"learn: $ {' '.join(argv)}")
+    proc = subprocess.run(argv, cwd=cwd, env=trainer_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:5])} ... exited with {proc.returncode} (its output is above)")
+
+
+def scalars(log_dir: Path, tag: str) -> list[float]:
+    """One TensorBoard scalar series (by step) from the event files under `log_dir`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, float] = {}
+    for events in sorted(log_dir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            values.update({e.step: e.value for e in acc.Scalars(tag)})
+    return [values[s] for s in sorted(values)]
+
+
+# ---- measurements ---------------------------------------------------------------------
+
+
+def load_reward_model(path: Path):
+    """The reward model as OpenRLHF's PPO loads it (`get_llm_for_sequence_regression(...,
+    "reward")`, eval mode), with the CPU compat layer where CUDA is absent."""
+    from openrlhf_oppo import compat
+
+    compat.apply()  # openrlhf.models imports flash_attn at module top
+    from openrlhf.models import get_llm_for_sequence_regression
+
+    model = get_llm_for_sequence_regression(str(path), "reward", param_dtype="bf16", attn_implementation="sdpa")
+    return model.eval()
+
+
+def _batches(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 64) -> list[float]:
+    """Rewards of whole token sequences (prompt + response), left-padded as OpenRLHF does;
+    batched by length (the lengths are long-tailed: padding to the longest would dominate)."""
+    import torch
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    rewards = [0.0] * len(sequences)
+    with torch.no_grad():
+        for batch in _batches(order, batch_size):
+            width = max(len(sequences[i]) for i in batch)
+            ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(sequences[i])) + sequences[i] for i in batch])
+            mask = torch.tensor([[0] * (width - len(sequences[i])) + [1] * len(sequences[i]) for i in batch])
+            for i, reward in zip(batch, model(ids, attention_mask=mask).float().tolist()):
+                rewards[i] = reward
+    return rewards
+
+
+def rm_accuracy(model, tokenizer, pairs: list[dict]) -> tuple[float, dict[str, float]]:
+    """Share of pairs with r(chosen) > r(rejected), overall and per mistake kind. Text is
+    tokenized as OpenRLHF's RewardDataset does (prompt + response, no special tokens added)."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    chosen = score(model, tokenizer, [ids(p["prompt"] + p["chosen"]) for p in pairs])
+    rejected = score(model, tokenizer, [ids(p["prompt"] + p["rejected"]) for p in pairs])
+    wins: dict[str, list[bool]] = {}
+    for p, c, r in zip(pairs, chosen, rejected):
+        wins.setdefault(p["kind"], []).append(c > r)
+    every = [w for ws in wins.values() for w in ws]
+    return sum(every) / len(every), {k: sum(v) / len(v) for k, v in sorted(wins.items())}
+
+
+def sample_policy(actor_path: Path, prompts: list[str], max_new_tokens: int, seed: int,
+                  batch_size: int = 64) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, response ids) per prompt: one sample each at temperature 1.0, no top-k /
+    top-p (as vLLM samples in PPO), transformers `generate`. A response ends with EOS unless
+    it ran into `max_new_tokens`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(actor_path)
+    model = AutoModelForCausalLM.from_pretrained(actor_path, dtype=torch.bfloat16).eval()
+    torch.manual_seed(seed)
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    response_ids: list[list[int]] = [[] for _ in prompts]
+    # batched by prompt length: long lists (long answers) decode together, short batches end early
+    order = sorted(range(len(prompts)), key=lambda i: len(prompt_ids[i]))
+    with torch.no_grad():
+        for batch in _batches(order, batch_size):
+            width = max(len(prompt_ids[i]) for i in batch)
+            ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(prompt_ids[i])) + prompt_ids[i] for i in batch])
+            mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in batch])
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+            for i, row in zip(batch, out[:, width:].tolist()):
+                end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+                response_ids[i] = row[:end]
+    return prompt_ids, response_ids
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile (q in [0, 1])."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _band(n_words: int, lengths: LengthLaw) -> str:
+    return "short" if n_words <= lengths.short[1] else "mid" if n_words <= lengths.mid[1] else "long"
+
+
+def auc(positives: list[float], negatives: list[float]) -> float | None:
+    """P(score of a random positive > one of a random negative), ties half; None if a side is empty."""
+    if not positives or not negatives:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))
+
+
+def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer) -> dict:
+    """The SFT policy on the first `eval_prompts` RL prompts: exact match (overall, per
+    length band, on prompts unseen in SFT), response lengths, and how well the reward
+    model separates its correct samples from its wrong ones (AUC)."""
+    records = _read_jsonl(assets.prompts)[: spec.eval_prompts]
+    seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
+    prompt_ids, response_ids = sample_policy(assets.actor, [r["input"] for r in records], spec.max_new_tokens,
+                                             spec.seed)
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    correct = [exact_match(r["input"], t) for r, t in zip(records, texts)]
+    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    bands: dict[str, list[bool]] = {}
+    for r, ok in zip(records, correct):
+        bands.setdefault(_band(len(r["label"].split()), spec.lengths), []).append(ok)
+    unseen = [ok for r, ok in zip(records, correct) if r["input"] not in seen]
+    lengths = [len(r) for r in response_ids]
+    return {
+        "prompts": len(records),
+        "exact_match": sum(correct) / len(correct),
+        "exact_match_by_band": {b: {"n": len(v), "exact_match": sum(v) / len(v)} for b, v in sorted(bands.items())},
+        "unseen_prompts": len(unseen),
+        "exact_match_unseen": sum(unseen) / len(unseen) if unseen else None,
+        "response_tokens": {"median": quantile(lengths, 0.5), "p95": quantile(lengths, 0.95), "max": max(lengths),
+                            "at_cap": sum(n >= spec.max_new_tokens for n in lengths) / len(lengths)},
+        "reward_auc_correct_vs_wrong": auc([x for x, ok in zip(rewards, correct) if ok],
+                                           [x for x, ok in zip(rewards, correct) if not ok]),
+        "mean_reward_correct": _mean([x for x, ok in zip(rewards, correct) if ok]),
+        "mean_reward_wrong": _mean([x for x, ok in zip(rewards, correct) if not ok]),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ---- the build ------------------------------------------------------------------------
+
+
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@dataclass
+class _Stages:
+    """Wall and CPU time of each build stage (s), in order. CPU time is what the stage
+    would take alone on the machine (the trainers run one thread each); wall time
+    includes waiting for cores that other jobs hold."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+
+    def run(self, name: str, fn, log=print):
+        log(f"learn: [{len(self.seconds) + 1}] {name} ...")
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
+        result = fn()
+        self.seconds[name] = time.perf_counter() - start
+        self.cpu_seconds[name] = _cpu_seconds() - cpu_start
+        log(f"learn: [{len(self.seconds)}] {name}: {self.seconds[name]:.1f} s ({self.cpu_seconds[name]:.1f} s CPU)")
+        return result
+
+
+def build(root: Path | str | None = None, spec: LearnSpec = LearnSpec(), force: bool = False,
+          log=print) -> LearnAssets:
+    """Build the assets under `root` (default ~/.cache/openrlhf_oppo/learn) unless already
+    built with this spec: data and tokenizer, SFT (OpenRLHF's train_sft), reward model
+    (OpenRLHF's train_rm), then measurements; prints a summary table and writes summary.json."""
+    assets = LearnAssets(Path(root).expanduser() if root else DEFAULT_ASSETS_DIR)
+    if assets.is_built(spec) and not force:
+        return assets
+    assets.root.mkdir(parents=True, exist_ok=True)
+    (assets.root / "BUILD_OK").unlink(missing_ok=True)
+    for stale in ("logs", "ckpt"):  # a former build's TensorBoard events would mix into the losses
+        shutil.rmtree(assets.root / stale, ignore_errors=True)
+    stages = _Stages()
+
+    def prepare():
+        tokenizer = build_tokenizer(assets.tokenizer, spec.actor.vocab_size, spec.seed + 40)
+        write_data(assets, spec, tokenizer.eos_token)
+        return tokenizer, init_actor(assets, spec, tokenizer)
+
+    tokenizer, actor_params = stages.run("data, tokenizer, initial actor", prepare, log)
+    stages.run("SFT (openrlhf.cli.train_sft)", lambda: run_trainer(sft_argv(assets, spec), assets.root, log), log)
+    stages.run("reward model (openrlhf.cli.train_rm)",
+               lambda: run_trainer(rm_argv(assets, spec), assets.root, log), log)
+    reward_model = stages.run("load reward model", lambda: load_reward_model(assets.reward), log)
+    heldout = _read_jsonl(assets.data / "rm_heldout.jsonl")
+    rm_acc, rm_acc_by_kind = stages.run("RM held-out accuracy", lambda: rm_accuracy(reward_model, tokenizer, heldout),
+                                        log)
+    policy = stages.run("SFT policy samples", lambda: evaluate_policy(assets, spec, reward_model, tokenizer), log)
+
+    sft_loss = scalars(assets.root / "logs" / "sft", "train/gpt_loss")
+    rm_loss = scalars(assets.root / "logs" / "rm", "train/loss")
+    summary = {
+        "version": ASSET_VERSION,
+        "spec": asdict(spec),
+        "actor_params": actor_params,
+        "reward_params": sum(p.numel() for p in reward_model.parameters()),
+        "sft_steps": len(sft_loss),
+        "sft_loss_first": sft_loss[0] if sft_loss else None,
+        "sft_loss_last": sft_loss[-1] if sft_loss else None,
+        "rm_steps": len(rm_loss),
+        "rm_loss_first": rm_loss[0] if rm_loss else None,
+        "rm_loss_last": rm_loss[-1] if rm_loss else None,
+        "rm_heldout_pairs": len(heldout),
+        "rm_heldout_accuracy": rm_acc,
+        "rm_heldout_accuracy_by_kind": rm_acc_by_kind,
+        "sft_policy": policy,
+        "stage_seconds": stages.seconds,
+        "stage_cpu_seconds": stages.cpu_seconds,
+        "total_seconds": sum(stages.seconds.values()),
+        "total_cpu_seconds": sum(stages.cpu_seconds.values()),
+    }
+    assets.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    log(summary_table(summary))
+    (assets.root / "BUILD_OK").write_text(build_marker(spec))
+    return assets
+
+
+def summary_table(s: dict) -> str:
+    """The build's numbers as a two-column table."""
+    p = s["sft_policy"]
+    tokens = p["response_tokens"]
+
+    def num(x, fmt=".3f"):
+        return "n/a" if x is None else format(x, fmt)
+
+    rows = [
+        ("actor / reward params", f"{s['actor_params']:,} / {s['reward_params']:,}"),
+        ("SFT loss first -> last", f"{num(s['sft_loss_first'])} -> {num(s['sft_loss_last'])} ({s['sft_steps']} steps)"),
+        ("RM loss first -> last", f"{num(s['rm_loss_first'])} -> {num(s['rm_loss_last'])} ({s['rm_steps']} steps)"),
+        ("RM held-out accuracy", f"{s['rm_heldout_accuracy']:.3f} on {s['rm_heldout_pairs']} pairs"),
+        *((f"  {kind}", f"{acc:.3f}") for kind, acc in s["rm_heldout_accuracy_by_kind"].items()),
+        ("SFT exact match (T=1)", f"{p['exact_match']:.3f} on {p['prompts']} RL prompts; "
+                                  f"{num(p['exact_match_unseen'])} on {p['unseen_prompts']} unseen in SFT"),
+        *((f"  {band}", f"{v['exact_match']:.3f} ({v['n']})") for band, v in p["exact_match_by_band"].items()),
+        ("response tokens", f"median {tokens['median']}, p95 {tokens['p95']}, max {tokens['max']}, "
+                            f"{tokens['at_cap']:.1%} at the cap"),
+        ("RM AUC on SFT samples", f"{num(p['reward_auc_correct_vs_wrong'])} (correct vs wrong)"),
+        *((f"time: {name}", f"{sec:.1f} s ({s['stage_cpu_seconds'][name]:.1f} s CPU)")
+          for name, sec in s["stage_seconds"].items()),
+        ("time: total", f"{s['total_seconds']:.1f} s ({s['total_cpu_seconds']:.1f} s CPU)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["learn task build summary", *(f"  {k:<{width}}  {v}" for k, v in rows)])

@@ -1,0 +1,267 @@
+"""The learnable task (openrlhf_oppo.tasks.learn): prompts with a long length tail, a
+checker that accepts the gold answer and rejects every kind of plausible mistake,
+preference pairs that differ, the trainers' command lines, and (slow) a whole build
+through OpenRLHF's own train_sft / train_rm on a few dozen samples."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from openrlhf_oppo import tasks
+from openrlhf_oppo.tasks import learn
+
+EOS = "<|eos|>"
+
+
+def test_answer_is_the_reversed_list():
+    assert learn.answer("reverse: red cat blue dog =>") == "dog blue cat red"
+    assert learn.parse_prompt(learn.make_prompt(["sun", "moon"])) == ["sun", "moon"]
+
+
+def test_prompt_not_of_the_task_is_refused():
+    with pytest.raises(ValueError, match="not a reverse prompt"):
+        learn.parse_prompt("question: red cat answer:")
+
+
+def test_list_lengths_have_a_long_tail():
+    words = [len(learn.parse_prompt(r["input"])) for r in learn.prompt_records(20000, seed=5)]
+    share = Counter("short" if n <= 6 else "mid" if n <= 14 else "long" for n in words)
+    assert 0.83 < share["short"] / len(words) < 0.87
+    assert 0.04 < share["long"] / len(words) < 0.06
+    assert min(words) == 1 and max(words) == 40
+    assert sorted(words)[len(words) // 2] <= 4 < 15 <= sorted(words)[int(0.96 * len(words))]
+
+
+def test_labels_are_the_ground_truth():
+    for rec in learn.prompt_records(50, seed=2):
+        assert rec["label"] == learn.answer(rec["input"])
+        assert learn.exact_match(rec["input"], " " + rec["label"])
+
+
+def test_exact_match_ignores_spacing_and_eos_text():
+    prompt = "reverse: red cat blue =>"
+    assert learn.exact_match(prompt, " blue cat red")
+    assert learn.exact_match(prompt, "blue  cat red \n")
+    assert learn.exact_match(prompt, " blue cat red<|eos|>")
+    assert learn.exact_match(prompt, " blue cat red<|eos|> trailing junk after EOS")
+    assert not learn.exact_match(prompt, " blue cat red red")
+    assert not learn.exact_match(prompt, "")
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("swap", " cat blue red"),  # adjacent, both spots differ: the rng picks one
+    ("unreversed", "red cat blue"),
+])
+def test_mistake_of_a_three_word_list(kind, expected):
+    wrong = learn.mistake(kind, "reverse: red cat blue =>", random.Random(0))
+    assert wrong.split() != ["blue", "cat", "red"]
+    if kind == "unreversed":
+        assert wrong == expected
+
+
+def test_one_word_list_admits_only_repeat_and_substitute():
+    rng = random.Random(0)
+    applicable = {k for k in learn.MISTAKES if learn.mistake(k, "reverse: sun =>", rng) is not None}
+    assert applicable == {"repeat", "substitute"}
+    assert learn.mistake("repeat", "reverse: sun =>", rng) == "sun sun"
+
+
+def test_palindrome_has_no_unreversed_mistake():
+    assert learn.mistake("unreversed", "reverse: red cat red =>", random.Random(0)) is None
+    assert learn.mistake("swap", "reverse: cat cat =>", random.Random(0)) is None
+
+
+def test_checker_rejects_every_mistake_kind():
+    rng = random.Random(3)
+    tried = Counter()
+    for rec in learn.prompt_records(300, seed=11):
+        for kind in learn.MISTAKES:
+            wrong = learn.mistake(kind, rec["input"], rng)
+            if wrong is not None:
+                tried[kind] += 1
+                assert not learn.exact_match(rec["input"], " " + wrong), (kind, rec["input"], wrong)
+    assert set(tried) == set(learn.MISTAKES) and min(tried.values()) > 100
+
+
+def test_preference_pairs_differ_and_only_chosen_is_correct():
+    pairs = learn.preference_pairs(400, seed=7, eos_token=EOS)
+    assert {p["kind"] for p in pairs} == set(learn.MISTAKES)
+    for p in pairs:
+        assert p["chosen"] != p["rejected"]
+        assert p["chosen"].startswith(" ") and p["chosen"].endswith(EOS) and p["rejected"].endswith(EOS)
+        assert learn.exact_match(p["prompt"], p["chosen"], EOS)
+        assert not learn.exact_match(p["prompt"], p["rejected"], EOS)
+
+
+def test_kind_weights_shift_the_mix_of_mistakes():
+    weights = {"swap": 3.0, "substitute": 3.0, "unreversed": 2.0, "drop": 1.0, "repeat": 1.0, "truncate": 1.0}
+    weighted = Counter(p["kind"] for p in learn.preference_pairs(3000, seed=7, eos_token=EOS, kind_weights=weights))
+    uniform = Counter(p["kind"] for p in learn.preference_pairs(3000, seed=7, eos_token=EOS))
+    assert weighted["substitute"] > 1.4 * uniform["substitute"] and weighted["drop"] < uniform["drop"]
+    only_local = Counter(p["kind"] for p in learn.preference_pairs(200, seed=7, eos_token=EOS,
+                                                                   kind_weights={"substitute": 1.0}))
+    assert set(only_local) == {"substitute"}
+
+
+def test_splits_are_seeded():
+    assert learn.prompt_records(20, seed=1) == learn.prompt_records(20, seed=1)
+    assert learn.prompt_records(20, seed=1) != learn.prompt_records(20, seed=2)
+    sft = learn.sft_records(5, seed=1, eos_token=EOS)
+    assert [r["input"] for r in sft] == [r["input"] for r in learn.prompt_records(5, seed=1)]
+    assert all(r["output"] == " " + learn.answer(r["input"]) + EOS for r in sft)
+
+
+def test_tokenizer_makes_every_word_one_token(tmp_path):
+    tok = learn.build_tokenizer(tmp_path / "tok", vocab_size=384)
+    assert len(tok) <= 384
+    prompt = "reverse: red cat blue =>"
+    ids = tok(prompt + " blue cat red" + tok.eos_token, add_special_tokens=False)["input_ids"]
+    # "reverse", ":", 3 words, " =>" | 3 words, EOS: the prompt's tokens are a prefix, as PPO sees them
+    assert len(ids) == 6 + 4
+    assert ids[:6] == tok(prompt, add_special_tokens=False)["input_ids"] and ids[-1] == tok.eos_token_id
+
+
+def test_write_data_splits(tmp_path):
+    spec = learn.LearnSpec(sft_samples=30, sft_batch_size=10, rm_train_pairs=20, rm_batch_size=10,
+                           rm_heldout_pairs=10, rl_prompts=40, eval_prompts=8)
+    assets = learn.LearnAssets(tmp_path)
+    learn.write_data(assets, spec, EOS)
+    rows = {name: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+            for name in ("data/sft.jsonl", "data/rm_train.jsonl", "data/rm_heldout.jsonl", "prompts.jsonl")}
+    assert [len(v) for v in rows.values()] == [30, 20, 10, 40]
+    assert set(rows["data/sft.jsonl"][0]) == {"input", "output"}
+    assert set(rows["data/rm_train.jsonl"][0]) == {"prompt", "chosen", "rejected", "kind"}
+    assert set(rows["prompts.jsonl"][0]) == {"input", "label"}
+    assert rows["data/rm_train.jsonl"] != rows["data/rm_heldout.jsonl"][:10]
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def _module(argv: list[str]) -> str:
+    """The OpenRLHF trainer a command line runs: `python -m MODULE` or `python -c ENTRY MODULE`."""
+    return argv[2] if argv[1] == "-m" else argv[3]
+
+
+def test_trainer_command_lines(tmp_path):
+    assets, spec = learn.LearnAssets(tmp_path), learn.LearnSpec()
+    sft = learn.sft_argv(assets, spec)
+    assert _module(sft) == "openrlhf.cli.train_sft"
+    assert _flag(sft, "--data.input_template") == ""  # PPO sees the bare prompt
+    assert (_flag(sft, "--data.input_key"), _flag(sft, "--data.output_key")) == ("input", "output")
+    assert _flag(sft, "--ckpt.output_dir") == str(assets.actor)
+    assert _flag(sft, "--ds.attn_implementation") == "sdpa"
+    rm = learn.rm_argv(assets, spec)
+    assert _module(rm) == "openrlhf.cli.train_rm"
+    assert _flag(rm, "--model.model_name_or_path") == str(assets.actor)  # RM starts from the SFT policy
+    assert _flag(rm, "--ckpt.output_dir") == str(assets.reward) == str(assets.critic)
+    assert [_flag(rm, f"--data.{k}_key") for k in ("prompt", "chosen", "rejected")] == ["prompt", "chosen", "rejected"]
+
+
+def test_trainer_dtype_picks_the_entry_point(tmp_path):
+    assets = learn.LearnAssets(tmp_path)
+    stock = learn.sft_argv(assets, learn.LearnSpec(train_dtype="bf16"))
+    assert stock[1:3] == ["-m", "openrlhf.cli.train_sft"] and _flag(stock, "--ds.param_dtype") == "bf16"
+    fp32 = learn.sft_argv(assets, learn.LearnSpec(train_dtype="fp32"))
+    assert fp32[1] == "-c" and "fp32_trainer_main" in fp32[2] and fp32[3] == "openrlhf.cli.train_sft"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("train_dtype", "fp64", "train_dtype must be one of fp32, bf16, got 'fp64'"),
+    ("sft_samples", 16, r"sft_samples \(16\) must be >= sft_batch_size \(32\) >= 1"),
+    ("rm_batch_size", 0, r"rm_train_pairs \(32000\) must be >= rm_batch_size \(0\) >= 1"),
+    ("rm_kind_weights", (("swop", 1.0),), "rm_kind_weights must weigh kinds of swap, drop, repeat"),
+    ("eval_prompts", 2000, r"eval_prompts must be in \[1, rl_prompts = 1024\], got 2000"),
+])
+def test_bad_spec_is_refused_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        learn.LearnSpec(**{field: value})
+
+
+def test_fp32_configs_turn_half_precision_off():
+    make = learn._without_half_precision(lambda stage: {"bf16": {"enabled": True}, "fp16": {"enabled": False},
+                                                        "zero_optimization": {"stage": stage}})
+    assert make(2) == {"bf16": {"enabled": False}, "fp16": {"enabled": False}, "zero_optimization": {"stage": 2}}
+
+
+def _source(module: str) -> str:
+    """A module's source, found without importing its package (openrlhf.models imports flash_attn)."""
+    package = Path(importlib.util.find_spec("openrlhf").origin).parent
+    return (package.joinpath(*module.split(".")[1:]).with_suffix(".py")).read_text()
+
+
+def test_openrlhf_touch_points_of_the_fp32_trainer():
+    """openrlhf 0.11.2, read without importing it: fails when upstream moves what
+    `fp32_trainer_main` patches (then re-check it)."""
+    for trainer in ("openrlhf.cli.train_sft", "openrlhf.cli.train_rm"):  # why the patch exists
+        assert 'choices=["bf16", "fp16"]' in _source(trainer)
+    assert "def convert_to_torch_dtype(param_dtype: str) -> torch.dtype:" in _source("openrlhf.utils.utils")
+    for module in ("openrlhf.models.actor", "openrlhf.models.model"):  # imported at call time: patchable
+        assert re.search(r"^[ ]+from openrlhf\.utils\.utils import convert_to_torch_dtype$", _source(module), re.M)
+    strategy = _source("openrlhf.utils.deepspeed.deepspeed")
+    assert "get_eval_ds_config," in strategy and "get_train_ds_config," in strategy
+    assert strategy.count("get_train_ds_config(") >= 1 and strategy.count("get_eval_ds_config(") >= 1
+    configs = _source("openrlhf.utils.deepspeed.deepspeed_utils")
+    assert configs.count('"bf16": {') == 2 and configs.count('"fp16": {') == 2
+
+
+def test_trainer_env_is_a_one_process_world():
+    env = learn.trainer_env({"PATH": "/bin"})
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
+    assert 0 < int(env["MASTER_PORT"]) < 65536
+    assert env["TORCH_EXTENSIONS_DIR"].endswith("torch_extensions")  # DeepSpeed's Adam built once, reused
+
+
+def test_variant_registry_names_learn():
+    assert "learn" in tasks.VARIANTS and {"tiny", "longtail"} <= set(tasks.VARIANTS)
+    assert tasks.default_root("learn") == learn.DEFAULT_ASSETS_DIR
+    assert learn.DEFAULT_ASSETS_DIR.name == "learn"
+    with pytest.raises(ValueError, match="allowed: tiny, longtail, learn"):
+        tasks.build("lern")
+
+
+def test_marker_changes_with_the_spec():
+    assert learn.build_marker(learn.LearnSpec()) != learn.build_marker(learn.LearnSpec(sft_samples=640))
+
+
+def test_quantile_and_auc_by_hand():
+    assert learn.quantile([5, 1, 3, 2, 4], 0.5) == 3
+    assert learn.quantile(list(range(1, 101)), 0.95) == 95
+    assert learn.quantile([7], 0.95) == 7
+    assert learn.auc([3.0, 1.0], [2.0, 0.0]) == 0.75  # 3>2, 3>0, 1>0; 1<2
+    assert learn.auc([1.0], [1.0]) == 0.5
+    assert learn.auc([], [1.0]) is None
+
+
+# Runs OpenRLHF's train_sft and train_rm (DeepSpeed on CPU) on a few dozen samples:
+# ~1-2 min on a 2-core machine, most of it process start-up.
+SMOKE = learn.LearnSpec(sft_samples=64, sft_batch_size=16, rm_train_pairs=32, rm_heldout_pairs=16,
+                        rm_batch_size=16, rl_prompts=16, eval_prompts=8, max_new_tokens=16)
+
+
+@pytest.mark.slow
+def test_build_through_openrlhf_trainers_on_cpu(tmp_path):
+    assets = learn.build(tmp_path / "learn", SMOKE)
+    assert assets.is_built(SMOKE) and not assets.is_built(learn.LearnSpec())
+    summary = json.loads(assets.summary.read_text())
+    assert summary["sft_steps"] == 4 and summary["rm_steps"] == 2
+    assert 0.0 <= summary["rm_heldout_accuracy"] <= 1.0
+    assert summary["sft_policy"]["prompts"] == 8
+    # the reward model is in OpenRLHF's layout, as PPO's --reward.model_name_or_path loads it
+    config = json.loads((assets.reward / "config.json").read_text())
+    assert config["value_head_prefix"] == "score" and "mean" in config
+    from openrlhf_oppo.models.loaders import detect_layout
+
+    assert detect_layout(assets.reward) == "openrlhf"
+    # cached: a second call returns at once, leaving the marker as it was
+    marker_mtime = (assets.root / "BUILD_OK").stat().st_mtime_ns
+    assert learn.build(tmp_path / "learn", SMOKE).root == assets.root
+    assert (assets.root / "BUILD_OK").stat().st_mtime_ns == marker_mtime
