@@ -70,6 +70,10 @@ class RunPaths:
         return self.root / ledger.LEDGER_FILE  # admitted / trained / held groups per step, across restarts
 
     @property
+    def log(self) -> Path:
+        return self.root / "train.log"  # the run's stdout and stderr (a restart appends)
+
+    @property
     def timeline(self) -> Path:
         return self.root / "timeline"  # spans of every stage on every worker (openrlhf_oppo.timeline)
 
@@ -149,6 +153,7 @@ def launch(
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.stop_file.unlink(missing_ok=True)
     if fresh:
+        paths.log.unlink(missing_ok=True)
         paths.sync_probe.unlink(missing_ok=True)
         paths.oppo_metrics.unlink(missing_ok=True)
         paths.oppo_trace.unlink(missing_ok=True)
@@ -178,9 +183,15 @@ def launch(
         else:
             os.killpg(child.pid, signal.SIGINT)
 
-    with caches.in_use(env, log=_log):  # held until the session is ended
+    with caches.in_use(env, log=_log), paths.log.open("ab") as log_file:  # cache held until the session is ended
         start = time.monotonic()
-        child = subprocess.Popen(argv, env=env, start_new_session=True)
+        log_file.write(f"openrlhf-oppo train: {' '.join(argv[1:])}\n".encode())
+        log_file.flush()
+        # the child writes to RUN_DIR/train.log (it outlives this process if need be) and a
+        # thread copies what it writes to this process's stdout
+        echo = _Follower(paths.log, log_file.tell())
+        child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=log_file, stderr=subprocess.STDOUT)
+        echo.start()
         previous = _handle_signals(on_signal)
         try:
             returncode = child.wait(timeout=timeout_s)
@@ -192,11 +203,48 @@ def launch(
         finally:
             _restore_signals(previous)
             _end_session(child.pid)
+            echo.stop()
     if stopped_by:
         returncode = 128 + stopped_by[0]  # non-zero whatever the child made of it
         _log(f"stopped on {signal.Signals(stopped_by[0]).name} (exit {returncode})")
     return RunResult(returncode=returncode, wall_s=time.monotonic() - start, paths=paths,
                      stopped_by=stopped_by[0] if stopped_by else None)
+
+
+class _Follower:
+    """Copies what is appended to a file from `offset` on to stdout, from a thread, until
+    `stop` (which copies the rest)."""
+
+    def __init__(self, path: Path, offset: int, poll_s: float = 0.2):
+        import threading
+
+        self.path, self.offset, self.poll_s = path, offset, poll_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="train.log", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import codecs
+
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            while True:
+                done = self._done.is_set()  # read once more after stop: nothing is left behind
+                data = f.read()
+                if data:
+                    sys.stdout.write(text.decode(data))
+                    sys.stdout.flush()
+                if done:
+                    return
+                if not data:
+                    self._done.wait(self.poll_s)
 
 
 def _handle_signals(handler) -> dict:

@@ -5,6 +5,7 @@ minutes here, most of it process start-up)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,17 @@ class TrainRun:
     returncode: int
     root: Path
     assets: Path
+
+    def failure(self) -> str:
+        """Why the run failed, for an assertion message: its exit code and the error lines of
+        its train.log (a traceback's last lines, lines naming an error), not the whole log."""
+        log = self.root / "train.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        keep = [i for i, line in enumerate(lines)
+                if re.search(r"Error|Exception|Traceback|error:|FAILED|Killed", line)]
+        shown = sorted({j for i in keep[-12:] for j in range(max(0, i - 1), i + 2) if j < len(lines)})
+        body = "\n".join(lines[j][:400] for j in shown) or "\n".join(lines[-20:])
+        return f"train --schedule {self.schedule} exited {self.returncode}; {log}:\n{body}"
 
     def probes(self) -> list[dict]:
         path = self.root / "sync_probe.jsonl"
@@ -61,5 +73,5 @@ def sync_run(train_runs):
     (integrations.seeding): what the sync tests read, and the baseline that OPPO at
     Δ=0 without streaming must reproduce."""
     run = train_runs("sync", "--train.full_determinism_enable")
-    assert run.returncode == 0, f"train --schedule sync failed; see {run.root}"
+    assert run.returncode == 0, run.failure()
     return run

@@ -10,7 +10,7 @@ from openrlhf_oppo.bench import schedules as bench_schedules
 
 def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
     oppo_run = train_runs("oppo")
-    assert oppo_run.returncode == 0, f"see {oppo_run.root}"
+    assert oppo_run.returncode == 0, oppo_run.failure()
     sync = bench_schedules.summarize_run(sync_run.root, warmup_steps=1)
     oppo = bench_schedules.summarize_run(oppo_run.root, warmup_steps=1)
     assert sync["steps"] == 4 and len(sync["step_s"]) == 3 and all(s > 0 for s in sync["step_s"])

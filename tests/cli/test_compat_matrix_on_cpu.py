@@ -77,7 +77,7 @@ def _prompts(run) -> dict[str, str]:
 
 
 def _check_two_steps(run) -> None:
-    assert run.returncode == 0, f"see {run.root}"
+    assert run.returncode == 0, run.failure()
     trace = _trace(run)
     assert [row["step"] for row in trace] == [0, 1]
     assert all(len(row["trained"]) == 4 for row in trace)

@@ -16,7 +16,7 @@ B, N, STEPS = 4, 2, 4  # configs/tiny-cpu.yaml: 4 prompts x 2 samples per step, 
 @pytest.fixture(scope="module")
 def oppo_run(train_runs):
     run = train_runs("oppo")
-    assert run.returncode == 0, f"train --schedule oppo failed; see {run.root}"
+    assert run.returncode == 0, run.failure()
     return run
 
 

@@ -12,7 +12,7 @@ SHORT_RUN = ("--data.max_samples", "8")  # 2 steps: start-up dominates the cost 
 @pytest.mark.slow
 def test_async_train_completes_and_syncs_weights_into_vllm(train_runs):
     run = train_runs("async")
-    assert run.returncode == 0, f"train --schedule async failed; see {run.root}"
+    assert run.returncode == 0, run.failure()
     probes = run.probes()
     assert len(probes) == 4
     assert probes[0]["logprobs"] != probes[-1]["logprobs"]
@@ -23,5 +23,5 @@ def test_async_train_completes_and_syncs_weights_into_vllm(train_runs):
 @pytest.mark.parametrize("schedule", ["partial", "oversample"])
 def test_partial_rollout_and_oversampling_complete(train_runs, schedule):
     run = train_runs(schedule, *SHORT_RUN)
-    assert run.returncode == 0, f"train --schedule {schedule} failed; see {run.root}"
+    assert run.returncode == 0, run.failure()
     assert len(run.probes()) >= 1

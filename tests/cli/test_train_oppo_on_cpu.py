@@ -34,7 +34,7 @@ def _tensorboard_scalars(run) -> dict[str, list[float]]:
 @pytest.fixture(scope="module")
 def oppo_run(train_runs):
     run = train_runs("oppo")
-    assert run.returncode == 0, f"train --schedule oppo failed; see {run.root}"
+    assert run.returncode == 0, run.failure()
     return run
 
 
@@ -126,7 +126,7 @@ def test_delta_zero_and_no_streaming_runs_synchronous_ppo_in_openrlhf(train_runs
     nothing is carried, every token is on-policy, and rewards come from OpenRLHF's
     own reward forward (no streaming actor)."""
     run = train_runs("oppo", *SYNC_LIKE)
-    assert run.returncode == 0, f"see {run.root}"
+    assert run.returncode == 0, run.failure()
     trace = _trace(run)
     assert len(trace) == 4
     next_index = 0
@@ -150,7 +150,8 @@ def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs, 
     the same order, with the same rewards (OpenRLHF's reward forward in both) and the
     same losses, step after step (each batch drawn by the weights the last one trained)."""
     oppo, sync = train_runs("oppo", *SYNC_LIKE), sync_run
-    assert oppo.returncode == 0 and sync.returncode == 0, f"see {oppo.root} and {sync.root}"
+    assert oppo.returncode == 0, oppo.failure()
+    assert sync.returncode == 0, sync.failure()
     oppo_steps, sync_steps = _rollouts(oppo), _rollouts(sync)
     assert [r["step"] for r in sync_steps] == [r["step"] for r in oppo_steps] == [0, 1, 2, 3]
     first_sync = sync_steps[0]["samples"]
@@ -180,7 +181,7 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
     run_b = train_runs("oppo", "--data.max_samples", "8", "--ckpt.load_enable",
                        "--ckpt.path", str(root_a / "checkpoints"), "--train.num_episodes", "2",
                        output=tmp_path_factory.mktemp("resume-b"))
-    assert run_b.returncode == 0, f"see {run_b.root}"
+    assert run_b.returncode == 0, run_b.failure()
     trace_a, trace_b = _trace(run_a), _trace(run_b)
     assert [r["step"] for r in trace_a] == [0] and [r["step"] for r in trace_b] == [1, 2, 3]
     at_checkpoint = trace_a[-1]
