@@ -1,8 +1,11 @@
 """A learnable task with a learned reward model, built in code and cached on disk.
 
 The task: reverse a list of words ("reverse: red cat blue dog =>" -> " dog blue cat red").
-List lengths are heavy-tailed (most 1-6 words, a few 15-40), and a response is one token
-per word plus EOS, so response lengths have a long tail, as in real RLHF.
+List lengths are heavy-tailed (RL prompts: 60 % 1-6 words, 30 % 7-14, 10 % 15-40), and a
+response is one token per word plus EOS, so response lengths have a long tail, as in real
+RLHF. The training data (SFT records, reward-model pairs) holds mostly short lists (85 %
+1-6 words), so the SFT policy reverses short lists and fails on most longer ones: RL has
+something to gain, on the long prompts.
 
     prompt   "reverse: red cat blue dog =>"
     answer   "dog blue cat red"            (the `label` in prompts.jsonl)
@@ -20,7 +23,7 @@ subprocesses through the CPU compat layer:
                       the critic's initialisation, as OpenRLHF does by default
     data/sft.jsonl          {"input", "output"}: prompt, response (with EOS)
     data/rm_train.jsonl     {"prompt", "chosen", "rejected", "kind"}: gold vs one plausible mistake
-    data/rm_heldout.jsonl   same, prompts drawn from another seed (RM held-out accuracy)
+    data/rm_heldout.jsonl   same, another seed, the RL prompts' length law (RM held-out accuracy)
     prompts.jsonl     {"input", "label"}: RL prompts with the ground-truth answer
     summary.json      what `build` measured (losses, accuracies, lengths, stage times)
     BUILD_OK          written last; the asset version and the spec
@@ -256,8 +259,16 @@ class LearnSpec:
     hidden 128, 4 heads of head_dim 32 (vLLM CPU's smallest): ~0.4 M parameters. With tiny's
     hidden 64 the reward model stayed at 0.82-0.85 held-out accuracy in bf16 after 32-48 k
     pairs; hidden 128 reached 0.92 after 32 k. The EOS / trap fields are unused here."""
-    lengths: LengthLaw = LengthLaw()
-    """List lengths (words) of every split."""
+    lengths: LengthLaw = LengthLaw(p_mid=0.30, p_long=0.10)
+    """List lengths (words) of the RL prompts and of the reward model's held-out pairs: 60 %
+    1-6 words, 30 % 7-14, 10 % 15-40."""
+    train_lengths: LengthLaw = LengthLaw()
+    """List lengths of the training data, SFT records and reward-model training pairs: 85 % 1-6
+    words, 10 % 7-14, 5 % 15-40. Mostly short lists: OpenRLHF's SFT loss is a mean over tokens,
+    which long lists dominate, and with `lengths`' law short lists were still half wrong after
+    450 SFT steps; a reward model trained on `lengths`' law judged held-out mid / long pairs
+    worse (0.76 / 0.50) than one trained on this law (0.91 / 0.79). The SFT policy then fails
+    on most lists longer than it mostly saw, which the RL prompts hold 40 % of."""
     seed: int = 1234
     """Seed of the data (each split offsets it), the tokenizer corpus, the initial actor and the trainers."""
     sft_samples: int = 9600
@@ -268,8 +279,8 @@ class LearnSpec:
     sft_lr: float = 3e-3
     """SFT peak learning rate (cosine to 10 %, 3 % warm-up)."""
     rm_train_pairs: int = 32000
-    """Reward-model training pairs, one epoch (in a plain-torch trial, 19,200 gave 0.85 held-out
-    accuracy in bf16, 32,000 gave 0.92)."""
+    """Reward-model training pairs, one epoch. The reward model learns to check mid-length lists
+    late: after 28,000 pairs held-out accuracy on 7-14 words was 0.50, after 32,000 0.91."""
     rm_kind_weights: tuple[tuple[str, float], ...] = (
         ("swap", 3.0), ("substitute", 3.0), ("unreversed", 2.0), ("drop", 1.0), ("repeat", 1.0), ("truncate", 1.0))
     """Mistake kinds of the training pairs, by weight: the local mistakes (a swap, a substituted
@@ -376,9 +387,9 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def write_data(assets: LearnAssets, spec: LearnSpec, eos_token: str) -> None:
     """The four splits, each from its own seed (see the module docstring)."""
-    _write_jsonl(assets.data / "sft.jsonl", sft_records(spec.sft_samples, spec.seed, eos_token, spec.lengths))
+    _write_jsonl(assets.data / "sft.jsonl", sft_records(spec.sft_samples, spec.seed, eos_token, spec.train_lengths))
     _write_jsonl(assets.data / "rm_train.jsonl", preference_pairs(spec.rm_train_pairs, spec.seed + 10, eos_token,
-                                                                  spec.lengths, dict(spec.rm_kind_weights)))
+                                                                  spec.train_lengths, dict(spec.rm_kind_weights)))
     _write_jsonl(assets.data / "rm_heldout.jsonl",
                  preference_pairs(spec.rm_heldout_pairs, spec.seed + 20, eos_token, spec.lengths))
     _write_jsonl(assets.prompts, prompt_records(spec.rl_prompts, spec.seed + 30, spec.lengths))
@@ -412,11 +423,15 @@ def trainer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     from openrlhf_oppo import compat
     from openrlhf_oppo.compat import caches
 
-    env = dict(os.environ if base is None else base)
-    env.update(compat.launch_env(env))
-    env.update(caches.cache_env(env))
+    base = dict(os.environ if base is None else base)
+    env = dict(base)
+    env.update(compat.launch_env(base))
+    env.update(caches.cache_env(base))
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    # launch_env's 1 thread suits a PPO run's many processes; a lone trainer may use every
+    # core (2 threads: a reward-model step ~1.4x faster on 2 cores). A value you set wins.
+    env["OMP_NUM_THREADS"] = base.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     return env
 
 
@@ -569,19 +584,28 @@ def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 64) ->
     return rewards
 
 
-def rm_accuracy(model, tokenizer, pairs: list[dict]) -> tuple[float, dict[str, float]]:
-    """Share of pairs with r(chosen) > r(rejected), overall and per mistake kind. Text is
-    tokenized as OpenRLHF's RewardDataset does (prompt + response, no special tokens added)."""
+def rm_accuracy(model, tokenizer, pairs: list[dict], lengths: LengthLaw) -> dict:
+    """Share of pairs with r(chosen) > r(rejected) (a tie counts as wrong, as in OpenRLHF's
+    eval): overall, per mistake kind and per length band of `lengths`. Text is tokenized as
+    OpenRLHF's RewardDataset does (prompt + response, no special tokens added)."""
     def ids(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     chosen = score(model, tokenizer, [ids(p["prompt"] + p["chosen"]) for p in pairs])
     rejected = score(model, tokenizer, [ids(p["prompt"] + p["rejected"]) for p in pairs])
-    wins: dict[str, list[bool]] = {}
-    for p, c, r in zip(pairs, chosen, rejected):
-        wins.setdefault(p["kind"], []).append(c > r)
-    every = [w for ws in wins.values() for w in ws]
-    return sum(every) / len(every), {k: sum(v) / len(v) for k, v in sorted(wins.items())}
+    wins = [c > r for c, r in zip(chosen, rejected)]
+
+    def share_by(key) -> dict[str, float]:
+        groups: dict[str, list[bool]] = {}
+        for p, win in zip(pairs, wins):
+            groups.setdefault(key(p), []).append(win)
+        return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+
+    return {
+        "accuracy": sum(wins) / len(wins),
+        "by_kind": share_by(lambda p: p["kind"]),
+        "by_band": share_by(lambda p: _band(len(parse_prompt(p["prompt"])), lengths)),
+    }
 
 
 def sample_policy(actor_path: Path, prompts: list[str], max_new_tokens: int, seed: int,
@@ -632,8 +656,11 @@ def auc(positives: list[float], negatives: list[float]) -> float | None:
 
 def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer) -> dict:
     """The SFT policy on the first `eval_prompts` RL prompts: exact match (overall, per
-    length band, on prompts unseen in SFT), response lengths, and how well the reward
-    model separates its correct samples from its wrong ones (AUC)."""
+    length band, on prompts unseen in SFT), response lengths, and the reward model on the
+    policy's own samples: how often it scores a wrong sample below the gold answer of the
+    same prompt (what RL needs), and how well it separates correct samples from wrong ones
+    across prompts (AUC: also asks that rewards be comparable from prompt to prompt, which
+    Bradley-Terry training on same-prompt pairs does not)."""
     records = _read_jsonl(assets.prompts)[: spec.eval_prompts]
     seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
     prompt_ids, response_ids = sample_policy(assets.actor, [r["input"] for r in records], spec.max_new_tokens,
@@ -641,6 +668,10 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     correct = [exact_match(r["input"], t) for r, t in zip(records, texts)]
     rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    gold_ids = [tokenizer(f" {r['label']}{tokenizer.eos_token}", add_special_tokens=False)["input_ids"]
+                for r in records]
+    gold_rewards = score(reward_model, tokenizer, [p + g for p, g in zip(prompt_ids, gold_ids)])
+    gold_wins = [g > x for x, g, ok in zip(rewards, gold_rewards, correct) if not ok]
     bands: dict[str, list[bool]] = {}
     for r, ok in zip(records, correct):
         bands.setdefault(_band(len(r["label"].split()), spec.lengths), []).append(ok)
@@ -654,6 +685,8 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
         "exact_match_unseen": sum(unseen) / len(unseen) if unseen else None,
         "response_tokens": {"median": quantile(lengths, 0.5), "p95": quantile(lengths, 0.95), "max": max(lengths),
                             "at_cap": sum(n >= spec.max_new_tokens for n in lengths) / len(lengths)},
+        "wrong_samples": len(gold_wins),
+        "reward_gold_above_wrong_sample": _mean(gold_wins),
         "reward_auc_correct_vs_wrong": auc([x for x, ok in zip(rewards, correct) if ok],
                                            [x for x, ok in zip(rewards, correct) if not ok]),
         "mean_reward_correct": _mean([x for x, ok in zip(rewards, correct) if ok]),
@@ -710,24 +743,38 @@ def build(root: Path | str | None = None, spec: LearnSpec = LearnSpec(), force: 
     def prepare():
         tokenizer = build_tokenizer(assets.tokenizer, spec.actor.vocab_size, spec.seed + 40)
         write_data(assets, spec, tokenizer.eos_token)
-        return tokenizer, init_actor(assets, spec, tokenizer)
+        init_actor(assets, spec, tokenizer)
 
-    tokenizer, actor_params = stages.run("data, tokenizer, initial actor", prepare, log)
+    stages.run("data, tokenizer, initial actor", prepare, log)
     stages.run("SFT (openrlhf.cli.train_sft)", lambda: run_trainer(sft_argv(assets, spec), assets.root, log), log)
     stages.run("reward model (openrlhf.cli.train_rm)",
                lambda: run_trainer(rm_argv(assets, spec), assets.root, log), log)
-    reward_model = stages.run("load reward model", lambda: load_reward_model(assets.reward), log)
-    heldout = _read_jsonl(assets.data / "rm_heldout.jsonl")
-    rm_acc, rm_acc_by_kind = stages.run("RM held-out accuracy", lambda: rm_accuracy(reward_model, tokenizer, heldout),
-                                        log)
-    policy = stages.run("SFT policy samples", lambda: evaluate_policy(assets, spec, reward_model, tokenizer), log)
+    summary = measure(assets, spec, stages, log)
+    assets.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    log(summary_table(summary))
+    (assets.root / "BUILD_OK").write_text(build_marker(spec))
+    return assets
 
+
+def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None, log=print) -> dict:
+    """The numbers of a built (or trained) asset directory: trainer losses from TensorBoard,
+    reward-model held-out accuracy and the SFT policy's samples, both in bf16 as PPO runs
+    them; with `stages`' times so far plus its own."""
+    from transformers import AutoTokenizer
+
+    stages = _Stages() if stages is None else stages
+    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
+    reward_model = stages.run("load reward model (as PPO does)", lambda: load_reward_model(assets.reward), log)
+    heldout = _read_jsonl(assets.data / "rm_heldout.jsonl")
+    rm_acc = stages.run("RM held-out accuracy", lambda: rm_accuracy(reward_model, tokenizer, heldout, spec.lengths), log)
+    policy = stages.run("SFT policy samples", lambda: evaluate_policy(assets, spec, reward_model, tokenizer), log)
     sft_loss = scalars(assets.root / "logs" / "sft", "train/gpt_loss")
     rm_loss = scalars(assets.root / "logs" / "rm", "train/loss")
-    summary = {
+    rm_eval = scalars(assets.root / "logs" / "rm", "eval/acc_mean")
+    return {
         "version": ASSET_VERSION,
         "spec": asdict(spec),
-        "actor_params": actor_params,
+        "actor_params": _parameters(assets.actor),
         "reward_params": sum(p.numel() for p in reward_model.parameters()),
         "sft_steps": len(sft_loss),
         "sft_loss_first": sft_loss[0] if sft_loss else None,
@@ -736,18 +783,24 @@ def build(root: Path | str | None = None, spec: LearnSpec = LearnSpec(), force: 
         "rm_loss_first": rm_loss[0] if rm_loss else None,
         "rm_loss_last": rm_loss[-1] if rm_loss else None,
         "rm_heldout_pairs": len(heldout),
-        "rm_heldout_accuracy": rm_acc,
-        "rm_heldout_accuracy_by_kind": rm_acc_by_kind,
+        "rm_heldout_accuracy": rm_acc["accuracy"],
+        "rm_heldout_accuracy_by_kind": rm_acc["by_kind"],
+        "rm_heldout_accuracy_by_band": rm_acc["by_band"],
+        "rm_heldout_accuracy_trainer_eval": rm_eval[-1] if rm_eval else None,
         "sft_policy": policy,
         "stage_seconds": stages.seconds,
         "stage_cpu_seconds": stages.cpu_seconds,
         "total_seconds": sum(stages.seconds.values()),
         "total_cpu_seconds": sum(stages.cpu_seconds.values()),
     }
-    assets.summary.write_text(json.dumps(summary, indent=2) + "\n")
-    log(summary_table(summary))
-    (assets.root / "BUILD_OK").write_text(build_marker(spec))
-    return assets
+
+
+def _parameters(model_dir: Path) -> int:
+    """Parameter count of a saved model (one safetensors file), without loading it."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
 def summary_table(s: dict) -> str:
@@ -762,14 +815,18 @@ def summary_table(s: dict) -> str:
         ("actor / reward params", f"{s['actor_params']:,} / {s['reward_params']:,}"),
         ("SFT loss first -> last", f"{num(s['sft_loss_first'])} -> {num(s['sft_loss_last'])} ({s['sft_steps']} steps)"),
         ("RM loss first -> last", f"{num(s['rm_loss_first'])} -> {num(s['rm_loss_last'])} ({s['rm_steps']} steps)"),
-        ("RM held-out accuracy", f"{s['rm_heldout_accuracy']:.3f} on {s['rm_heldout_pairs']} pairs"),
+        ("RM held-out accuracy", f"{s['rm_heldout_accuracy']:.3f} on {s['rm_heldout_pairs']} pairs (bf16, as PPO runs "
+                                 f"it; {num(s['rm_heldout_accuracy_trainer_eval'])} in train_rm's own eval)"),
         *((f"  {kind}", f"{acc:.3f}") for kind, acc in s["rm_heldout_accuracy_by_kind"].items()),
+        *((f"  {band} lists", f"{acc:.3f}") for band, acc in s["rm_heldout_accuracy_by_band"].items()),
         ("SFT exact match (T=1)", f"{p['exact_match']:.3f} on {p['prompts']} RL prompts; "
                                   f"{num(p['exact_match_unseen'])} on {p['unseen_prompts']} unseen in SFT"),
-        *((f"  {band}", f"{v['exact_match']:.3f} ({v['n']})") for band, v in p["exact_match_by_band"].items()),
+        *((f"  {band} lists", f"{v['exact_match']:.3f} ({v['n']})") for band, v in p["exact_match_by_band"].items()),
         ("response tokens", f"median {tokens['median']}, p95 {tokens['p95']}, max {tokens['max']}, "
                             f"{tokens['at_cap']:.1%} at the cap"),
-        ("RM AUC on SFT samples", f"{num(p['reward_auc_correct_vs_wrong'])} (correct vs wrong)"),
+        ("RM on SFT's wrong samples", f"gold answer scored higher for {num(p['reward_gold_above_wrong_sample'])} "
+                                      f"of {p['wrong_samples']}"),
+        ("RM AUC on SFT samples", f"{num(p['reward_auc_correct_vs_wrong'])} (correct vs wrong, across prompts)"),
         *((f"time: {name}", f"{sec:.1f} s ({s['stage_cpu_seconds'][name]:.1f} s CPU)")
           for name, sec in s["stage_seconds"].items()),
         ("time: total", f"{s['total_seconds']:.1f} s ({s['total_cpu_seconds']:.1f} s CPU)"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
 import re
 from collections import Counter
@@ -31,12 +32,19 @@ def test_prompt_not_of_the_task_is_refused():
 
 
 def test_list_lengths_have_a_long_tail():
-    words = [len(learn.parse_prompt(r["input"])) for r in learn.prompt_records(20000, seed=5)]
+    rl_law = learn.LearnSpec().lengths
+    words = [len(learn.parse_prompt(r["input"])) for r in learn.prompt_records(20000, seed=5, lengths=rl_law)]
     share = Counter("short" if n <= 6 else "mid" if n <= 14 else "long" for n in words)
-    assert 0.83 < share["short"] / len(words) < 0.87
-    assert 0.04 < share["long"] / len(words) < 0.06
+    assert 0.58 < share["short"] / len(words) < 0.62
+    assert 0.09 < share["long"] / len(words) < 0.11
     assert min(words) == 1 and max(words) == 40
-    assert sorted(words)[len(words) // 2] <= 4 < 15 <= sorted(words)[int(0.96 * len(words))]
+    assert sorted(words)[len(words) // 2] <= 6 < 15 <= sorted(words)[int(0.92 * len(words))]
+
+
+def test_sft_lists_are_mostly_short():
+    words = [len(learn.parse_prompt(r["input"])) for r in learn.sft_records(20000, seed=5, eos_token=EOS)]
+    share = Counter("short" if n <= 6 else "mid" if n <= 14 else "long" for n in words)
+    assert 0.83 < share["short"] / len(words) < 0.87 and 0.04 < share["long"] / len(words) < 0.06
 
 
 def test_labels_are_the_ground_truth():
@@ -139,7 +147,7 @@ def test_write_data_splits(tmp_path):
     assert set(rows["data/sft.jsonl"][0]) == {"input", "output"}
     assert set(rows["data/rm_train.jsonl"][0]) == {"prompt", "chosen", "rejected", "kind"}
     assert set(rows["prompts.jsonl"][0]) == {"input", "label"}
-    assert rows["data/rm_train.jsonl"] != rows["data/rm_heldout.jsonl"][:10]
+    assert rows["data/rm_train.jsonl"][:10] != rows["data/rm_heldout.jsonl"]
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -174,16 +182,16 @@ def test_trainer_dtype_picks_the_entry_point(tmp_path):
     assert fp32[1] == "-c" and "fp32_trainer_main" in fp32[2] and fp32[3] == "openrlhf.cli.train_sft"
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("train_dtype", "fp64", "train_dtype must be one of fp32, bf16, got 'fp64'"),
-    ("sft_samples", 16, r"sft_samples \(16\) must be >= sft_batch_size \(32\) >= 1"),
-    ("rm_batch_size", 0, r"rm_train_pairs \(32000\) must be >= rm_batch_size \(0\) >= 1"),
-    ("rm_kind_weights", (("swop", 1.0),), "rm_kind_weights must weigh kinds of swap, drop, repeat"),
-    ("eval_prompts", 2000, r"eval_prompts must be in \[1, rl_prompts = 1024\], got 2000"),
+@pytest.mark.parametrize("fields, message", [
+    ({"train_dtype": "fp64"}, "train_dtype must be one of fp32, bf16, got 'fp64'"),
+    ({"sft_samples": 16, "sft_batch_size": 32}, r"sft_samples \(16\) must be >= sft_batch_size \(32\) >= 1"),
+    ({"rm_train_pairs": 100, "rm_batch_size": 0}, r"rm_train_pairs \(100\) must be >= rm_batch_size \(0\) >= 1"),
+    ({"rl_prompts": 100, "eval_prompts": 200}, r"eval_prompts must be in \[1, rl_prompts = 100\], got 200"),
+    ({"rm_kind_weights": (("swop", 1.0),)}, "rm_kind_weights must weigh kinds of swap, drop, repeat"),
 ])
-def test_bad_spec_is_refused_naming_the_field(field, value, message):
+def test_bad_spec_is_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
-        learn.LearnSpec(**{field: value})
+        learn.LearnSpec(**fields)
 
 
 def test_fp32_configs_turn_half_precision_off():
@@ -218,6 +226,8 @@ def test_trainer_env_is_a_one_process_world():
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
     assert 0 < int(env["MASTER_PORT"]) < 65536
     assert env["TORCH_EXTENSIONS_DIR"].endswith("torch_extensions")  # DeepSpeed's Adam built once, reused
+    assert env["OMP_NUM_THREADS"] == str(os.cpu_count())  # the trainer runs alone
+    assert learn.trainer_env({"PATH": "/bin", "OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
 
 
 def test_variant_registry_names_learn():
