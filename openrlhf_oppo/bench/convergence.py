@@ -5,9 +5,10 @@ sync s1, ...) so that a shared machine's drift hits every schedule alike, each t
 `openrlhf-oppo train` as `bench schedules` runs it, with `--train.seed <seed>` on the
 config's task assets (one SFT policy, one reward model for every run) and, by default,
 `--train.full_determinism_enable` (within a seed every schedule draws the same prompt
-order and seeded requests). `oppo-tis` is the `oppo` schedule with
-`--oppo.staleness.correction tis` (OpenRLHF's token-level clipped importance sampling
-against the recorded rollout logprobs).
+order and seeded requests). `oppo-tis` and `oppo-icepop` are the `oppo` schedule with
+`--oppo.staleness.correction tis` / `icepop` (OpenRLHF's token-level importance sampling
+against the recorded rollout logprobs: clipped / masked); `oppo` itself runs with the
+configured correction (default `none`).
 
 Then it reads every run directory (nothing is re-run; `--report-only` reads only):
 
@@ -70,7 +71,7 @@ class Variant:
 
 
 # Bench-level variants: a flag of an existing schedule, not a schedule of the product.
-VARIANTS = {"oppo-tis": Variant("oppo", ("--oppo.staleness.correction", "tis"))}
+VARIANTS = {f"oppo-{c}": Variant("oppo", ("--oppo.staleness.correction", c)) for c in ("none", "tis", "icepop")}
 
 
 def resolve(name: str) -> Variant:
@@ -545,14 +546,71 @@ def _interp(curve: list[tuple[float, float]], t: float) -> float:
 # ------------------------------------------------------------------ CLI
 
 
-def default_tokenizer(config_path: str) -> Path:
-    """The config's task tokenizer: <task.assets or the variant's default>/tokenizer."""
+def task_root(config_path: str) -> tuple[str, Path]:
+    """(variant, assets directory) of the config's task."""
     from openrlhf_oppo import tasks
     from openrlhf_oppo.integrations import yaml_config
 
     task = yaml_config.load(config_path).task
-    root = task.get("assets") or tasks.default_root(task.get("variant", "tiny"))
-    return Path(root).expanduser() / "tokenizer"
+    variant = task.get("variant", "tiny")
+    return variant, Path(task.get("assets") or tasks.default_root(variant)).expanduser()
+
+
+def default_tokenizer(config_path: str) -> Path:
+    """The config's task tokenizer: <task.assets or the variant's default>/tokenizer."""
+    return task_root(config_path)[1] / "tokenizer"
+
+
+FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match_long", "median_response_tokens")
+
+
+def final_eval(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
+    """The learn task's SFT policy and every finished run's final actor (`<run>/model`) on
+    the same prompts no run trained on (`tasks.learn.heldout_records`), one sample each at
+    temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word lists), mean
+    learned reward, median response length. None for another task."""
+    from openrlhf_oppo.integrations import yaml_config
+
+    variant, root = task_root(config_path)
+    if variant not in learn.VARIANTS:
+        return None
+    if not (root / "BUILD_OK").exists():
+        print(f"[bench convergence] no built task assets at {root}: no final evaluation", flush=True)
+        return None
+    trained = int(yaml_config.load(config_path).flags.get("data.max_samples") or 0)
+    actors = {"sft": learn.LearnAssets(root).actor}
+    actors.update({f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
+                   for seed, r in by_seed.items() if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
+    evals = learn.evaluate_actors(root, actors, trained)
+
+    def figures(e: dict) -> dict:
+        bands = e["exact_match_by_band"]
+        return {"exact_match": e["exact_match"], "mean_reward": e["mean_reward"],
+                "exact_match_mid": bands.get("mid", {}).get("exact_match"),
+                "exact_match_long": bands.get("long", {}).get("exact_match"),
+                "median_response_tokens": e["response_tokens"]["median"]}
+
+    per_actor = {name: figures(e) for name, e in evals.items()}
+    rows = [{"schedule": "sft", **{k: _spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
+    for name, by_seed in runs.items():
+        figs = [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
+        if figs:
+            rows.append({"schedule": name, "runs": len(figs),
+                         **{k: _spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
+    return {"prompts": evals["sft"]["prompts"], "first_row": trained, "rows": rows, "per_actor": per_actor}
+
+
+def print_final_eval(fe: dict) -> None:
+    print(f"final actors on {fe['prompts']} held-out prompts (prompts.jsonl rows {fe['first_row']}+, "
+          "one sample each at T=1; median [min-max] over seeds):")
+    cols = [("actor", 11), ("exact match", 19), ("learned reward", 22), ("7-14 words", 19), ("15-40 words", 19),
+            ("median len", 12)]
+    print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
+    for r in fe["rows"]:
+        cells = [r["schedule"], _fmt(r["exact_match"], ".3f"), _fmt(r["mean_reward"], ".3f"),
+                 _fmt(r["exact_match_mid"], ".3f"), _fmt(r["exact_match_long"], ".3f"),
+                 _fmt(r["median_response_tokens"], ".0f")]
+        print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -571,8 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--same-samples", action=argparse.BooleanOptionalAction, default=True,
                    help="--train.full_determinism_enable for every run (seeded requests and prompt order)")
     p.add_argument("--timeout-s", type=float, default=None, help="per run (default: none)")
+    p.add_argument("--final-eval", action=argparse.BooleanOptionalAction, default=True,
+                   help="learn task: the SFT policy and every run's final actor on held-out prompts")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: summarize the runs already under --output (<schedule>-s<seed>)")
+    p.add_argument("--keep-done", action="store_true",
+                   help="reuse the runs under --output that finished (result.json with exit 0) instead of running "
+                        "them again; run the rest (a bench cut short, or a schedule added to an earlier one)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags for every run")
     args = p.parse_args(argv)
     try:
@@ -591,8 +654,13 @@ def main(argv: list[str] | None = None) -> int:
     order = [(seed, name) for seed in seeds for name in args.schedules]
     for i, (seed, name) in enumerate(order, 1):
         root = out / f"{name}-s{seed}"
+        done = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
+        if args.keep_done and done.get("returncode") == 0:
+            print(f"[bench convergence] run {i}/{len(order)}: {name} seed {seed}: kept (finished in {root})", flush=True)
+            results[name][seed] = done
+            continue
         if args.report_only:
-            result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
+            result = done
             results[name][seed] = {"returncode": result.get("returncode", 0 if (root / "tensorboard").is_dir() else 1),
                                    "wall_s": result.get("wall_s")}
             continue
@@ -619,11 +687,14 @@ def main(argv: list[str] | None = None) -> int:
                 result["steps"] = 0
     summary = summarize(results, args.threshold)
     print_report(summary)
+    final = final_eval(args.config, out, results) if args.final_eval else None
+    if final:
+        print_final_eval(final)
     out.mkdir(parents=True, exist_ok=True)
     (out / "convergence.json").write_text(json.dumps(
         {"config": args.config, "seeds": seeds, "schedules": args.schedules,
          "variants": {n: {"schedule": v.schedule, "flags": list(v.flags)} for n, v in variants.items()},
-         "tokenizer": str(tokenizer) if text else None, "summary": summary,
+         "tokenizer": str(tokenizer) if text else None, "summary": summary, "final_eval": final,
          "runs": {n: {str(seed): r for seed, r in by_seed.items()} for n, by_seed in results.items()}}, indent=1))
     for path in plot(summary, results, out):
         print(f"wrote {path}")

@@ -654,17 +654,19 @@ def auc(positives: list[float], negatives: list[float]) -> float | None:
     return wins / (len(positives) * len(negatives))
 
 
-def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer) -> dict:
-    """The SFT policy on the first `eval_prompts` RL prompts: exact match (overall, per
-    length band, on prompts unseen in SFT), response lengths, and the reward model on the
-    policy's own samples: how often it scores a wrong sample below the gold answer of the
-    same prompt (what RL needs), and how well it separates correct samples from wrong ones
-    across prompts (AUC: also asks that rewards be comparable from prompt to prompt, which
-    Bradley-Terry training on same-prompt pairs does not)."""
-    records = _read_jsonl(assets.prompts)[: spec.eval_prompts]
+def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer, actor: Path | None = None,
+                    records: list[dict] | None = None) -> dict:
+    """A policy (default: the SFT actor) on RL prompts (default: the first `eval_prompts`):
+    exact match (overall, per length band, on prompts unseen in SFT), response lengths, the
+    learned reward of its samples, and the reward model on the policy's own samples: how
+    often it scores a wrong sample below the gold answer of the same prompt (what RL needs),
+    and how well it separates correct samples from wrong ones across prompts (AUC: also asks
+    that rewards be comparable from prompt to prompt, which Bradley-Terry training on
+    same-prompt pairs does not)."""
+    records = _read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
     seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
-    prompt_ids, response_ids = sample_policy(assets.actor, [r["input"] for r in records], spec.max_new_tokens,
-                                             spec.seed)
+    prompt_ids, response_ids = sample_policy(actor or assets.actor, [r["input"] for r in records],
+                                             spec.max_new_tokens, spec.seed)
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     correct = [exact_match(r["input"], t) for r, t in zip(records, texts)]
     rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
@@ -685,6 +687,7 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
         "exact_match_unseen": sum(unseen) / len(unseen) if unseen else None,
         "response_tokens": {"median": quantile(lengths, 0.5), "p95": quantile(lengths, 0.95), "max": max(lengths),
                             "at_cap": sum(n >= spec.max_new_tokens for n in lengths) / len(lengths)},
+        "mean_reward": _mean(rewards),
         "wrong_samples": len(gold_wins),
         "reward_gold_above_wrong_sample": _mean(gold_wins),
         "reward_auc_correct_vs_wrong": auc([x for x, ok in zip(rewards, correct) if ok],
@@ -692,6 +695,30 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
         "mean_reward_correct": _mean([x for x, ok in zip(rewards, correct) if ok]),
         "mean_reward_wrong": _mean([x for x, ok in zip(rewards, correct) if not ok]),
     }
+
+
+def heldout_records(assets: LearnAssets, spec: LearnSpec, trained_prompts: int) -> list[dict]:
+    """Up to `eval_prompts` RL prompts a PPO run with `--data.max_samples trained_prompts`
+    never draws: OpenRLHF keeps the dataset's first max_samples rows, so these follow them."""
+    records = _read_jsonl(assets.prompts)[trained_prompts:][: spec.eval_prompts]
+    if not records:
+        raise ValueError(f"{assets.prompts}: no prompts after the first {trained_prompts} (--data.max_samples) "
+                         f"to evaluate on; it holds {spec.rl_prompts}")
+    return records
+
+
+def evaluate_actors(root: Path | str, actors: dict[str, Path], trained_prompts: int,
+                    spec: LearnSpec = LearnSpec()) -> dict[str, dict]:
+    """`evaluate_policy` of each actor directory (name -> path), all on the same held-out
+    prompts (`heldout_records`), sampled with the same seed, scored by the task's reward model."""
+    from transformers import AutoTokenizer
+
+    assets = LearnAssets(Path(root).expanduser())
+    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
+    reward_model = load_reward_model(assets.reward)
+    records = heldout_records(assets, spec, trained_prompts)
+    return {name: evaluate_policy(assets, spec, reward_model, tokenizer, actor=path, records=records)
+            for name, path in actors.items()}
 
 
 def _mean(values: list[float]) -> float | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -280,13 +281,16 @@ def test_a_failed_run_is_left_out(tmp_path, text):
     assert data["tokenizer"] is None and oppo["final_exact_match"] == [None, None, None]  # no tokenizer
 
 
-def test_runs_seed_major_through_the_launcher_with_seed_and_variant_flags(tmp_path, tokenizer_dir, text, monkeypatch):
-    from openrlhf_oppo.cli import train
+@dataclass
+class FakeResult:
+    returncode: int
+    wall_s: float
 
-    @dataclass
-    class Result:
-        returncode: int
-        wall_s: float
+
+def fake_train(monkeypatch, text) -> list[list[str]]:
+    """`train.run` replaced by one that writes RUNS' run for the schedule and seed of its
+    argv; the argvs it was called with."""
+    from openrlhf_oppo.cli import train
 
     calls = []
 
@@ -295,13 +299,18 @@ def test_runs_seed_major_through_the_launcher_with_seed_and_variant_flags(tmp_pa
         root = Path(argv[argv.index("--output") + 1])
         name = "oppo" if argv[argv.index("--schedule") + 1] == "oppo" else "sync"
         write_run(root, RUNS[(name, int(argv[argv.index("--train.seed") + 1]))], text, returncode=None)
-        return Result(0, 12.0)
+        return FakeResult(0, 12.0)
 
     monkeypatch.setattr(train, "run", fake_run)
+    return calls
+
+
+def test_runs_seed_major_through_the_launcher_with_seed_and_variant_flags(tmp_path, tokenizer_dir, text, monkeypatch):
+    calls = fake_train(monkeypatch, text)
     out = tmp_path / "bench"
     assert convergence.main(["--config", "configs/learn-cpu.yaml", "--seeds", "2", "--schedules", "sync", "oppo-tis",
                              "--output", str(out), "--tokenizer", str(tokenizer_dir),
-                             "--", "--actor.adam.lr", "1e-4"]) == 0
+                             "--no-final-eval", "--", "--actor.adam.lr", "1e-4"]) == 0
     order = [(a[a.index("--schedule") + 1], a[a.index("--train.seed") + 1], Path(a[a.index("--output") + 1]).name)
              for a in calls]
     assert order == [("sync", "0", "sync-s0"), ("oppo", "0", "oppo-tis-s0"), ("sync", "1", "sync-s1"),
@@ -312,6 +321,22 @@ def test_runs_seed_major_through_the_launcher_with_seed_and_variant_flags(tmp_pa
     assert "--oppo.staleness.correction" not in calls[0]
     assert json.loads((out / "oppo-tis-s1" / "result.json").read_text()) == {"returncode": 0, "wall_s": 12.0}
     assert json.loads((out / "convergence.json").read_text())["summary"]["rows"][1]["schedule"] == "oppo-tis"
+
+
+def test_keep_done_runs_only_what_did_not_finish(tmp_path, tokenizer_dir, text, monkeypatch):
+    calls = fake_train(monkeypatch, text)
+    out = tmp_path / "bench"
+    common = ["--config", "configs/learn-cpu.yaml", "--seeds", "2", "--output", str(out), "--tokenizer", str(tokenizer_dir),
+              "--no-final-eval"]
+    assert convergence.main([*common, "--schedules", "sync"]) == 0
+    shutil.rmtree(out / "sync-s1")  # cut short: only its result
+    (out / "sync-s1").mkdir()
+    (out / "sync-s1" / "result.json").write_text(json.dumps({"returncode": 1, "wall_s": 3.0}))
+    calls.clear()
+    assert convergence.main([*common, "--schedules", "sync", "oppo-icepop", "--keep-done"]) == 0
+    assert [Path(a[a.index("--output") + 1]).name for a in calls] == ["oppo-icepop-s0", "sync-s1", "oppo-icepop-s1"]
+    rows = json.loads((out / "convergence.json").read_text())["summary"]["rows"]
+    assert [r["schedule"] for r in rows] == ["sync", "oppo-icepop"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -330,6 +355,8 @@ def test_bad_arguments_are_refused_before_any_run(argv, message, capsys, monkeyp
 
 def test_oppo_tis_is_the_oppo_schedule_with_tis_correction():
     assert convergence.resolve("oppo-tis") == convergence.Variant("oppo", ("--oppo.staleness.correction", "tis"))
+    assert convergence.resolve("oppo-icepop") == convergence.Variant("oppo", ("--oppo.staleness.correction", "icepop"))
+    assert convergence.resolve("oppo-none") == convergence.Variant("oppo", ("--oppo.staleness.correction", "none"))
     assert convergence.resolve("partial") == convergence.Variant("partial")
 
 
@@ -337,3 +364,47 @@ def test_help_prints_and_exits_zero(capsys):
     with pytest.raises(SystemExit) as exit_:
         convergence.main(["--help"])
     assert exit_.value.code == 0 and "--threshold" in capsys.readouterr().out
+
+
+def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_heldout_prompts(tmp_path, monkeypatch):
+    root = tmp_path / "learn"
+    root.mkdir()
+    (root / "BUILD_OK").write_text("x")
+    config = tmp_path / "learn.yaml"
+    config.write_text(f"task: {{variant: learn, assets: {root}}}\ndata: {{max_samples: 512}}\n")
+    out = tmp_path / "bench"
+    for run in ("sync-s0", "sync-s1", "oppo-s0"):
+        (out / run / "model").mkdir(parents=True)
+    seen = {}
+
+    def fake_evaluate(root_, actors, trained):
+        seen.update(root=root_, actors=actors, trained=trained)
+        def ev(em, reward):
+            return {"prompts": 256, "exact_match": em, "mean_reward": reward, "response_tokens": {"median": 7},
+                    "exact_match_by_band": {"mid": {"exact_match": em / 2}, "short": {"exact_match": 1.0}}}
+        return {name: ev(*{"sft": (0.6, -1.0), "sync-s0": (0.7, 0.5), "sync-s1": (0.8, 1.5),
+                           "oppo-s0": (0.75, 1.0)}[name]) for name in actors}
+
+    monkeypatch.setattr(convergence.learn, "evaluate_actors", fake_evaluate)
+    runs = {"sync": {0: {"returncode": 0}, 1: {"returncode": 0}}, "oppo": {0: {"returncode": 0}, 1: {"returncode": 1}}}
+    fe = convergence.final_eval(str(config), out, runs)
+    assert seen["trained"] == 512 and seen["root"] == root
+    assert seen["actors"] == {"sft": root / "actor", "sync-s0": out / "sync-s0" / "model",
+                              "sync-s1": out / "sync-s1" / "model", "oppo-s0": out / "oppo-s0" / "model"}
+    rows = {r["schedule"]: r for r in fe["rows"]}
+    assert rows["sft"]["exact_match"] == (0.6, 0.6, 0.6)
+    assert rows["sync"]["exact_match"] == (0.75, 0.7, 0.8) and rows["sync"]["mean_reward"] == (1.0, 0.5, 1.5)
+    assert rows["oppo"]["runs"] == 1 and rows["oppo"]["exact_match_mid"] == (0.375, 0.375, 0.375)
+    assert rows["oppo"]["exact_match_long"] == (None, None, None)  # no long list among the prompts
+    (root / "BUILD_OK").unlink()
+    assert convergence.final_eval(str(config), out, runs) is None  # assets not built: said, skipped
+
+
+def test_heldout_prompts_follow_the_trained_rows(tmp_path):
+    assets = learn.LearnAssets(tmp_path)
+    rows = [{"input": f"reverse: w{i} =>", "label": f"w{i}"} for i in range(10)]
+    assets.prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = learn.LearnSpec(rl_prompts=10, eval_prompts=3)
+    assert learn.heldout_records(assets, spec, 4) == rows[4:7]
+    with pytest.raises(ValueError, match=r"no prompts after the first 10 \(--data.max_samples\)"):
+        learn.heldout_records(assets, spec, 10)
