@@ -55,7 +55,7 @@ OFFPOLICY_KEY = "oppo/offpolicy_token_fraction"
 # tokens and is_filter_ratio exist only with an importance-sampling correction (oppo-tis);
 # kl is the actor against the reference model (OpenRLHF's `logprobs_diff` is that too)
 DRIFT_TAGS = {"vllm_kl": "train/vllm_kl", "is_filter_ratio": "train/is_filter_ratio", "ref_kl": "train/kl"}
-WINDOW_STEPS = 3  # the moving average of time-to-reward and the final reward's window
+WINDOW_STEPS = 8  # the moving average of the curves, time-to-reward and the final figures (--window)
 THRESHOLD_FRACTION = 0.9  # default threshold: this far from sync's first-step reward to its best moving average
 PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "exact_match_vs_step.png", "length_ks_vs_step.png")
 
@@ -294,22 +294,24 @@ def final(values: list[float | None] | None, window: int = WINDOW_STEPS) -> floa
     return statistics.fmean(present[-window:]) if present else None
 
 
-def time_to_reward(run: dict, threshold: float) -> tuple[float | None, int | None]:
+def time_to_reward(run: dict, threshold: float, window: int = WINDOW_STEPS) -> tuple[float | None, int | None]:
     """(seconds, step) of the first step end at which the reward's moving average reaches
     `threshold`; (None, None) if it never does."""
-    for k, avg in enumerate(moving_average(run["reward"])):
+    for k, avg in enumerate(moving_average(run["reward"], window)):
         if avg is not None and avg >= threshold:
             return run["time_s"][k], k
     return None, None
 
 
-def sync_threshold(ref_runs: list[dict], fraction: float = THRESHOLD_FRACTION) -> tuple[float | None, list[float]]:
+def sync_threshold(ref_runs: list[dict], fraction: float = THRESHOLD_FRACTION,
+                   window: int = WINDOW_STEPS) -> tuple[float | None, list[float]]:
     """The default threshold: per run of the reference schedule, `fraction` of the way from
-    its first-step reward to its best moving average; the median over its seeds."""
+    its first moving average to its best; the median over its seeds."""
     per_seed = []
     for run in ref_runs:
-        best = max((v for v in moving_average(run["reward"]) if v is not None), default=None)
-        first = next((v for v in run["reward"] if v is not None), None)
+        averages = [v for v in moving_average(run["reward"], window) if v is not None]
+        best = max(averages, default=None)
+        first = averages[0] if averages else None
         if best is not None and first is not None:
             per_seed.append(first + fraction * (best - first))
     return (statistics.median(per_seed) if per_seed else None), per_seed
@@ -330,14 +332,14 @@ def band(runs: list[dict], key: str) -> list[Spread]:
     return [_spread(_at(r.get(key), k) for r in runs) for k in range(steps)]
 
 
-def within_band(runs: list[dict], ref_runs: list[dict]) -> dict:
-    """Whether the median over seeds of `runs`' reward lies within the min-max over seeds
-    of `ref_runs`' reward, step by step, over the steps every run of both has."""
+def within_band(runs: list[dict], ref_runs: list[dict], key: str = "reward") -> dict:
+    """Whether the median over seeds of `runs`' `key` lies within the min-max over seeds
+    of `ref_runs`' `key`, step by step, over the steps every run of both has a value."""
     steps = min((r["steps"] for r in [*runs, *ref_runs]), default=0)
     outside, checked = [], 0
     for k in range(steps):
-        med = _spread(r["reward"][k] for r in runs)[0]
-        _, lo, hi = _spread(r["reward"][k] for r in ref_runs)
+        med = _spread(_at(r.get(key), k) for r in runs)[0]
+        _, lo, hi = _spread(_at(r.get(key), k) for r in ref_runs)
         if med is None or lo is None:
             continue
         checked += 1
@@ -358,18 +360,24 @@ def ks_trained_vs_finished(runs: list[dict], k: int) -> float | None:
     return ks_distance(trained, trained + pooled_lengths(runs, "trace_finished_carried_lengths", k))
 
 
-def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None) -> dict:
+def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, window: int = WINDOW_STEPS) -> dict:
     """Rows per schedule and per-step series across seeds. `runs`: schedule -> seed -> run
     (a failed run holds no series: `steps` 0); the first schedule is the reference, and
-    figures against it are paired seed by seed."""
+    figures against it are paired seed by seed. Adds to each run its `window`-step moving
+    averages (`reward_ma`, `exact_match_ma`): one step's 32-odd samples of a few prompts
+    are too few to compare schedules by."""
     ref = next(iter(runs))
     good = {s: {seed: r for seed, r in by_seed.items() if r.get("steps")} for s, by_seed in runs.items()}
-    default_thr, per_seed_thr = sync_threshold(list(good[ref].values()))
+    for by_seed in good.values():
+        for r in by_seed.values():
+            r["reward_ma"] = moving_average(r["reward"], window)
+            r["exact_match_ma"] = moving_average(r.get("exact_match") or [], window)
+    default_thr, per_seed_thr = sync_threshold(list(good[ref].values()), window=window)
     thr = threshold if threshold is not None else default_thr
     thr_how = (f"given (--threshold {threshold})" if threshold is not None else
-               f"{THRESHOLD_FRACTION:.0%} of the way from {ref}'s first-step reward to its best "
-               f"{WINDOW_STEPS}-step moving average, median over seeds")
-    per_seed = {s: {seed: _seed_figures(r, thr) for seed, r in by_seed.items()} for s, by_seed in good.items()}
+               f"{THRESHOLD_FRACTION:.0%} of the way from {ref}'s first {window}-step moving average of the reward "
+               f"to its best, median over seeds")
+    per_seed = {s: {seed: _seed_figures(r, thr, window) for seed, r in by_seed.items()} for s, by_seed in good.items()}
     for by_seed in per_seed.values():  # against the reference's run of the same seed
         for seed, fig in by_seed.items():
             base = per_seed[ref].get(seed)
@@ -388,7 +396,7 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None) 
                 "final_reward", "final_reward_diff", "time_to_reward_s", "steps_to_reward", "x_ref_time_to_reward",
                 "final_exact_match", "mean_offpolicy_token_fraction", "mean_vllm_kl")},
             "reached": f"{sum(f['time_to_reward_s'] is not None for f in figs)}/{len(by_seed)}",
-            "within_ref_band": within_band(list(by_seed.values()), list(good[ref].values())),
+            "within_ref_band": within_band(list(by_seed.values()), list(good[ref].values()), "reward_ma"),
             "per_seed": {str(seed): f for seed, f in per_seed[schedule].items()},
         })
     ref_runs = list(good[ref].values())
@@ -396,8 +404,8 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None) 
     for schedule, by_seed in good.items():
         rs = list(by_seed.values())
         steps = max((r["steps"] for r in rs), default=0)
-        per_step["reward"][schedule] = band(rs, "reward")
-        per_step["exact_match"][schedule] = band(rs, "exact_match")
+        per_step["reward"][schedule] = band(rs, "reward_ma")
+        per_step["exact_match"][schedule] = band(rs, "exact_match_ma")
         if schedule != ref:
             per_step["ks_trained_lengths_vs_ref"][schedule] = [
                 ks_distance(pooled_lengths(rs, "lengths", k), pooled_lengths(ref_runs, "lengths", k))
@@ -405,17 +413,17 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None) 
         if any("trace_trained_lengths" in r for r in rs):
             per_step["ks_trained_vs_finished"][schedule] = [ks_trained_vs_finished(rs, k) for k in range(steps)]
     return {"reference": ref, "threshold": thr, "threshold_how": thr_how, "threshold_per_seed": per_seed_thr,
-            "window_steps": WINDOW_STEPS, "band": "min-max over seeds, line: median over seeds", "rows": rows,
+            "window_steps": window, "band": "min-max over seeds, line: median over seeds", "rows": rows,
             "per_step": per_step}
 
 
-def _seed_figures(run: dict, threshold: float | None) -> dict:
-    seconds, step = time_to_reward(run, threshold) if threshold is not None else (None, None)
+def _seed_figures(run: dict, threshold: float | None, window: int) -> dict:
+    seconds, step = time_to_reward(run, threshold, window) if threshold is not None else (None, None)
     return {
-        "final_reward": final(run["reward"]),
+        "final_reward": final(run["reward"], window),
         "time_to_reward_s": seconds,
         "steps_to_reward": step,
-        "final_exact_match": final(run["exact_match"]),
+        "final_exact_match": final(run["exact_match"], window),
         "mean_offpolicy_token_fraction": _mean(run.get(OFFPOLICY_KEY) or []),
         "mean_vllm_kl": _mean(run.get("vllm_kl") or []),
     }
@@ -444,14 +452,14 @@ def print_report(summary: dict) -> None:
                  f"{'yes' if band_['all'] else 'no'} {band_['inside']}/{band_['steps']}",
                  _fmt(r["mean_offpolicy_token_fraction"], ".2f", False)]
         print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
-    thr = summary["threshold"]
+    thr, window = summary["threshold"], summary["window_steps"]
     print(f"threshold: {'-' if thr is None else f'{thr:.4f}'} ({summary['threshold_how']}). "
           f"Every figure: median over seeds [min-max over seeds]. final reward / exact match: mean of the last "
-          f"{WINDOW_STEPS} steps (trained samples); vs {ref}: its final reward minus {ref}'s, seed by seed; "
-          f"time-to-reward: seconds from the first rollout to the first step end whose {WINDOW_STEPS}-step moving "
+          f"{window} steps (trained samples); vs {ref}: its final reward minus {ref}'s, seed by seed; "
+          f"time-to-reward: seconds from the first rollout to the first step end whose {window}-step moving "
           f"average reward reaches the threshold; x {ref}: {ref}'s time / this one's, seed by seed (above 1 = "
-          f"sooner); reached: seeds that reach it; in {ref} band: the median reward over seeds within {ref}'s "
-          f"min-max over seeds at every step (steps inside / steps; a schedule that learns exactly as {ref} "
+          f"sooner); reached: seeds that reach it; in {ref} band: the median over seeds of the reward's "
+          f"moving average within {ref}'s min-max over seeds at every step (steps inside / steps; a schedule that learns exactly as {ref} "
           f"does falls outside at some steps by chance: at 40 % of them with 3 seeds each); offpol: mean "
           f"off-policy token fraction (OPPO)")
 
@@ -488,14 +496,15 @@ def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Pat
         paths.append(out / name)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    banded(ax, "reward", "learned reward (trained samples)")
+    window = summary["window_steps"]
+    banded(ax, "reward", f"learned reward (trained samples), {window}-step moving average")
     if thr is not None:
         ax.axhline(thr, color="k", linestyle="--", linewidth=0.8, label="threshold")
-    save(fig, ax, PLOTS[0], "reward per step: median over seeds, band min-max over seeds")
+    save(fig, ax, PLOTS[0], f"reward per step ({window}-step moving average): median over seeds, band min-max over seeds")
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for schedule, rs in good.items():
-        curves = [[(t, v) for t, v in zip(r["time_s"], r["reward"]) if t is not None and v is not None] for r in rs]
+        curves = [[(t, v) for t, v in zip(r["time_s"], r["reward_ma"]) if t is not None and v is not None] for r in rs]
         curves = [c for c in curves if c]
         if not curves:
             continue
@@ -513,12 +522,12 @@ def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Pat
         ax.axhline(thr, color="k", linestyle="--", linewidth=0.8, label="threshold")
     ax.set_xlabel("seconds since the first rollout (step ends)")
     ax.set_ylabel("learned reward (trained samples)")
-    save(fig, ax, PLOTS[1], "reward over wall time: median over seeds, band min-max over seeds (where every seed "
+    save(fig, ax, PLOTS[1], f"reward over wall time ({window}-step moving average): median over seeds, band min-max over seeds (where every seed "
                             "has data),\nthin: each seed; dotted: median time-to-reward")
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    banded(ax, "exact_match", "exact match (trained samples)")
-    save(fig, ax, PLOTS[2], "exact match per step: median over seeds, band min-max over seeds")
+    banded(ax, "exact_match", f"exact match (trained samples), {window}-step moving average")
+    save(fig, ax, PLOTS[2], f"exact match per step ({window}-step moving average): median over seeds, band min-max over seeds")
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for schedule, ks in summary["per_step"]["ks_trained_lengths_vs_ref"].items():
@@ -625,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threshold", type=float, default=None,
                    help=f"reward of time-to-reward (default: {THRESHOLD_FRACTION * 100:.0f}%% of the way from the first "
                         "schedule's first-step reward to its best moving average, median over seeds)")
+    p.add_argument("--window", type=int, default=WINDOW_STEPS,
+                   help="steps of the moving average of the curves, of time-to-reward and of the final figures")
     p.add_argument("--tokenizer", default=None, help="decodes responses (default: the config's task assets/tokenizer)")
     p.add_argument("--same-samples", action=argparse.BooleanOptionalAction, default=True,
                    help="--train.full_determinism_enable for every run (seeded requests and prompt order)")
@@ -644,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.window < 1:
+        p.error(f"--window must be >= 1, got {args.window}")
     if any(a == "--train.seed" or a.startswith("--train.seed=") for a in args.extra):
         p.error("--train.seed after `--`: the bench sets it per run (--seeds, --first-seed)")
 
@@ -685,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
                 result.update(read_run(out / f"{name}-s{seed}", text))
             else:
                 result["steps"] = 0
-    summary = summarize(results, args.threshold)
+    summary = summarize(results, args.threshold, args.window)
     print_report(summary)
     final = final_eval(args.config, out, results) if args.final_eval else None
     if final:

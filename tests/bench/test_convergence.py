@@ -161,8 +161,8 @@ def test_ks_distance_is_the_largest_gap_between_empirical_cdfs():
 
 
 def test_moving_average_needs_a_full_window():
-    assert convergence.moving_average([0.0, 0.3, 0.6, 0.9]) == [None, None, pytest.approx(0.3), pytest.approx(0.6)]
-    assert convergence.moving_average([0.0, None, 0.6, 0.9, 0.3]) == [None, None, None, None, pytest.approx(0.6)]
+    assert convergence.moving_average([0.0, 0.3, 0.6, 0.9], 3) == [None, None, pytest.approx(0.3), pytest.approx(0.6)]
+    assert convergence.moving_average([0.0, None, 0.6, 0.9, 0.3], 3) == [None, None, None, None, pytest.approx(0.6)]
 
 
 def test_read_run_cuts_the_prompt_off_decodes_and_aligns_steps(tmp_path, text):
@@ -198,9 +198,10 @@ def test_read_run_without_a_trace_and_with_a_foreign_prefix(tmp_path, text):
 
 def test_summary_threshold_time_to_reward_ratios_and_seed_band(tmp_path, text):
     write_all(tmp_path, text)
-    summary = convergence.summarize(read_all(tmp_path, text))
+    summary = convergence.summarize(read_all(tmp_path, text), window=3)
     assert summary["reference"] == "sync"
-    assert summary["threshold"] == pytest.approx(0.72) and summary["threshold_per_seed"] == pytest.approx([0.72, 0.72])
+    # sync's 3-step moving averages .3 .6 .8: 90 % of the way from .3 to .8
+    assert summary["threshold"] == pytest.approx(0.75) and summary["threshold_per_seed"] == pytest.approx([0.75, 0.75])
     sync, oppo = summary["rows"]
     assert sync["per_seed"]["0"]["time_to_reward_s"] == pytest.approx(50)
     assert sync["per_seed"]["1"]["time_to_reward_s"] == pytest.approx(100)
@@ -217,14 +218,14 @@ def test_summary_threshold_time_to_reward_ratios_and_seed_band(tmp_path, text):
     assert oppo["final_exact_match"] == pytest.approx((1.0, 1.0, 1.0))
     assert oppo["mean_offpolicy_token_fraction"] == pytest.approx((0.35, 0.35, 0.35))
     assert oppo["mean_vllm_kl"] == pytest.approx((0.02, 0.01, 0.03))
-    # oppo's median per step 0.15 .6 .9 .9 .75 against sync's band (one value a step) 0 .3 .6 .9 .9
-    assert oppo["within_ref_band"] == {"steps": 5, "inside": 1, "outside_steps": [0, 1, 2, 4], "all": False}
+    # moving averages from step 2: oppo's median .55 .8 .85 against sync's band (one value a step) .3 .6 .8
+    assert oppo["within_ref_band"] == {"steps": 3, "inside": 0, "outside_steps": [2, 3, 4], "all": False}
     assert sync["within_ref_band"]["all"] is True
 
 
 def test_given_threshold_and_a_seed_that_never_reaches_it(tmp_path, text):
     write_all(tmp_path, text)
-    summary = convergence.summarize(read_all(tmp_path, text), threshold=0.85)
+    summary = convergence.summarize(read_all(tmp_path, text), threshold=0.85, window=3)
     sync, oppo = summary["rows"]
     assert summary["threshold_how"].startswith("given")
     assert sync["reached"] == "0/2" and sync["time_to_reward_s"] == (None, None, None)
@@ -235,7 +236,7 @@ def test_given_threshold_and_a_seed_that_never_reaches_it(tmp_path, text):
 
 def test_length_ks_per_step_pooled_over_seeds(tmp_path, text):
     write_all(tmp_path, text)
-    per_step = convergence.summarize(read_all(tmp_path, text))["per_step"]
+    per_step = convergence.summarize(read_all(tmp_path, text), window=1)["per_step"]  # curves: the steps' own values
     # step 0: oppo [2, 2] + [2, 3] against sync [2, 5] + [2, 5]; later steps: the same lengths
     assert per_step["ks_trained_lengths_vs_ref"]["oppo"] == pytest.approx([0.5, 0, 0, 0, 0])
     assert "sync" not in per_step["ks_trained_lengths_vs_ref"]
@@ -255,12 +256,12 @@ def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, c
     out = tmp_path / "bench"
     write_all(out, text)
     argv = ["convergence", "--report-only", "--seeds", "2", "--schedules", "sync", "oppo", "--output", str(out),
-            "--tokenizer", str(tokenizer_dir)]
+            "--tokenizer", str(tokenizer_dir), "--window", "3"]
     assert bench.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "threshold: 0.7200" in printed and "time-to-reward" in printed
+    assert "threshold: 0.7500" in printed and "time-to-reward" in printed
     oppo_line = next(line for line in printed.splitlines() if line.startswith("oppo "))
-    assert "2.03 [1.56-2.50]" in oppo_line and "no 1/5" in oppo_line
+    assert "2.03 [1.56-2.50]" in oppo_line and "no 0/3" in oppo_line
     data = json.loads((out / "convergence.json").read_text())
     assert data["seeds"] == [0, 1] and set(data["runs"]) == {"sync", "oppo"}
     assert data["runs"]["oppo"]["1"]["reward"] == pytest.approx([0.3, 0.6, 0.9, 0.9, 0.6])
@@ -274,7 +275,7 @@ def test_a_failed_run_is_left_out(tmp_path, text):
     write_all(out, text)
     (out / "oppo-s1" / "result.json").write_text(json.dumps({"returncode": 1, "wall_s": 5.0}))
     assert convergence.main(["--report-only", "--seeds", "2", "--schedules", "sync", "oppo", "--output", str(out),
-                             "--tokenizer", str(out / "no-tokenizer")]) == 1
+                             "--tokenizer", str(out / "no-tokenizer"), "--window", "3"]) == 1
     data = json.loads((out / "convergence.json").read_text())
     oppo = data["summary"]["rows"][1]
     assert oppo["runs_ok"] == "1/2" and oppo["final_reward"] == pytest.approx([0.9, 0.9, 0.9])
@@ -342,6 +343,7 @@ def test_keep_done_runs_only_what_did_not_finish(tmp_path, tokenizer_dir, text, 
 @pytest.mark.parametrize("argv, message", [
     (["--schedules", "sync", "nope"], "--schedules: unknown nope"),
     (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--window", "0"], "--window must be >= 1"),
     (["--", "--train.seed", "3"], "--train.seed after `--`"),
 ])
 def test_bad_arguments_are_refused_before_any_run(argv, message, capsys, monkeypatch):
