@@ -24,13 +24,15 @@ Then it reads every run directory (nothing is re-run; `--report-only` reads only
   and the first schedule's (`sync`) at the same step, both pooled over seeds; and, for
   OPPO runs (`oppo_trace.jsonl`), between the trained lengths and all lengths finished by
   the step's end (trained + finished but carried, pooled over seeds);
-- per schedule, over seeds: final reward (mean of the last 3 steps) and its difference to
-  sync, seed by seed; time-to-reward (the first step end at which the 3-step moving
-  average of the reward reaches the threshold) and sync's time / this one's, seed by
-  seed; final exact match; and whether the schedule's median reward stays within sync's
-  min-max over seeds at every step.
+- per schedule, over seeds: final reward (mean of the last W steps, `--window`) and its
+  difference to sync, seed by seed; time-to-reward (the first step end at which the W-step
+  moving average of the reward reaches the threshold) and sync's time / this one's, seed
+  by seed; final exact match; and whether the schedule's median moving-average reward
+  stays within sync's min-max over seeds at every step;
+- learn task: the SFT policy and every run's final actor on held-out prompts (`final_eval`).
 
-Writes `convergence.json` and four PNGs under --output; asserts nothing.
+Writes `convergence.json` and four PNGs under --output; asserts nothing. Results:
+docs/convergence.md.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ OFFPOLICY_KEY = "oppo/offpolicy_token_fraction"
 # kl is the actor against the reference model (OpenRLHF's `logprobs_diff` is that too)
 DRIFT_TAGS = {"vllm_kl": "train/vllm_kl", "is_filter_ratio": "train/is_filter_ratio", "ref_kl": "train/kl"}
 WINDOW_STEPS = 8  # the moving average of the curves, time-to-reward and the final figures (--window)
-THRESHOLD_FRACTION = 0.9  # default threshold: this far from sync's first-step reward to its best moving average
+THRESHOLD_FRACTION = 0.9  # default threshold: this far from sync's first moving average of the reward to its best
 PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "exact_match_vs_step.png", "length_ks_vs_step.png")
 
 Spread = tuple  # (median, min, max), all None when there is nothing
@@ -441,7 +443,7 @@ def _fmt(fig: Spread, spec: str, spread: bool = True) -> str:
 
 def print_report(summary: dict) -> None:
     ref = summary["reference"]
-    cols = [("schedule", 9), ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
+    cols = [("schedule", 11), ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
             (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("offpol", 6)]
     print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
     for r in summary["rows"]:
@@ -633,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default="runs/bench-convergence", help="one run directory per schedule and seed")
     p.add_argument("--threshold", type=float, default=None,
                    help=f"reward of time-to-reward (default: {THRESHOLD_FRACTION * 100:.0f}%% of the way from the first "
-                        "schedule's first-step reward to its best moving average, median over seeds)")
+                        "schedule's first moving average of the reward to its best, median over seeds)")
     p.add_argument("--window", type=int, default=WINDOW_STEPS,
                    help="steps of the moving average of the curves, of time-to-reward and of the final figures")
     p.add_argument("--tokenizer", default=None, help="decodes responses (default: the config's task assets/tokenizer)")
