@@ -29,7 +29,7 @@ Then it reads every run directory (nothing is re-run; `--report-only` reads only
   moving average of the reward reaches the threshold) and sync's time / this one's, seed
   by seed; final exact match; and whether the schedule's median moving-average reward
   stays within sync's min-max over seeds at every step;
-- learn task: the SFT policy and every run's final actor on held-out prompts (`final_eval`).
+- learn task: the SFT policy and every run's final actor on held-out prompts (`bench.final_eval`).
 
 Writes `convergence.json` and four PNGs under --output; asserts nothing. Results:
 docs/convergence.md.
@@ -441,11 +441,17 @@ def _fmt(fig: Spread, spec: str, spread: bool = True) -> str:
     return f"{med:{spec}} [{lo:{spec}}-{hi:{spec}}]" if spread and lo != hi else f"{med:{spec}}"
 
 
+def table_line(cells: list[str], widths: list[int]) -> str:
+    """One line of a printed table: the first cell left-aligned, the others right-aligned."""
+    return " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
+
+
 def print_report(summary: dict) -> None:
     ref = summary["reference"]
     cols = [("schedule", 11), ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
             (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("offpol", 6)]
-    print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
+    widths = [w for _, w in cols]
+    print(table_line([name for name, _ in cols], widths))
     for r in summary["rows"]:
         band_ = r["within_ref_band"]
         cells = [r["schedule"], r["runs_ok"], _fmt(r["final_reward"], ".3f"), _fmt(r["final_reward_diff"], "+.3f"),
@@ -453,7 +459,7 @@ def print_report(summary: dict) -> None:
                  _fmt(r["final_exact_match"], ".2f"),
                  f"{'yes' if band_['all'] else 'no'} {band_['inside']}/{band_['steps']}",
                  _fmt(r["mean_offpolicy_token_fraction"], ".2f", False)]
-        print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
+        print(table_line(cells, widths))
     thr, window = summary["threshold"], summary["window_steps"]
     print(f"threshold: {'-' if thr is None else f'{thr:.4f}'} ({summary['threshold_how']}). "
           f"Every figure: median over seeds [min-max over seeds]. final reward / exact match: mean of the last "
@@ -572,58 +578,6 @@ def default_tokenizer(config_path: str) -> Path:
     return task_root(config_path)[1] / "tokenizer"
 
 
-FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match_long", "median_response_tokens")
-
-
-def final_eval(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
-    """The learn task's SFT policy and every finished run's final actor (`<run>/model`) on
-    the same prompts no run trained on (`tasks.learn.heldout_records`), one sample each at
-    temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word lists), mean
-    learned reward, median response length. None for another task."""
-    from openrlhf_oppo.integrations import yaml_config
-
-    variant, root = task_root(config_path)
-    if variant not in learn.VARIANTS:
-        return None
-    if not (root / "BUILD_OK").exists():
-        print(f"[bench convergence] no built task assets at {root}: no final evaluation", flush=True)
-        return None
-    trained = int(yaml_config.load(config_path).flags.get("data.max_samples") or 0)
-    actors = {"sft": learn.LearnAssets(root).actor}
-    actors.update({f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
-                   for seed, r in by_seed.items() if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
-    evals = learn.evaluate_actors(root, actors, trained)
-
-    def figures(e: dict) -> dict:
-        bands = e["exact_match_by_band"]
-        return {"exact_match": e["exact_match"], "mean_reward": e["mean_reward"],
-                "exact_match_mid": bands.get("mid", {}).get("exact_match"),
-                "exact_match_long": bands.get("long", {}).get("exact_match"),
-                "median_response_tokens": e["response_tokens"]["median"]}
-
-    per_actor = {name: figures(e) for name, e in evals.items()}
-    rows = [{"schedule": "sft", **{k: _spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
-    for name, by_seed in runs.items():
-        figs = [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
-        if figs:
-            rows.append({"schedule": name, "runs": len(figs),
-                         **{k: _spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
-    return {"prompts": evals["sft"]["prompts"], "first_row": trained, "rows": rows, "per_actor": per_actor}
-
-
-def print_final_eval(fe: dict) -> None:
-    print(f"final actors on {fe['prompts']} held-out prompts (prompts.jsonl rows {fe['first_row']}+, "
-          "one sample each at T=1; median [min-max] over seeds):")
-    cols = [("actor", 11), ("exact match", 19), ("learned reward", 22), ("7-14 words", 19), ("15-40 words", 19),
-            ("median len", 12)]
-    print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
-    for r in fe["rows"]:
-        cells = [r["schedule"], _fmt(r["exact_match"], ".3f"), _fmt(r["mean_reward"], ".3f"),
-                 _fmt(r["exact_match_mid"], ".3f"), _fmt(r["exact_match_long"], ".3f"),
-                 _fmt(r["median_response_tokens"], ".0f")]
-        print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo bench convergence", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/learn-cpu.yaml", help="YAML run config")
@@ -702,9 +656,11 @@ def main(argv: list[str] | None = None) -> int:
                 result["steps"] = 0
     summary = summarize(results, args.threshold, args.window)
     print_report(summary)
-    final = final_eval(args.config, out, results) if args.final_eval else None
+    from openrlhf_oppo.bench import final_eval
+
+    final = final_eval.evaluate(args.config, out, results) if args.final_eval else None
     if final:
-        print_final_eval(final)
+        final_eval.print_table(final)
     out.mkdir(parents=True, exist_ok=True)
     (out / "convergence.json").write_text(json.dumps(
         {"config": args.config, "seeds": seeds, "schedules": args.schedules,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_oppo.bench import convergence
+from openrlhf_oppo.bench import convergence, final_eval
 from openrlhf_oppo.bench.schedules import STEP_TAG
-from openrlhf_oppo.tasks import learn
+from openrlhf_oppo.tasks import learn, learn_eval
 
 T0 = 1000.0  # time.time() of the first driver `generate` span of every synthetic run
 
@@ -387,9 +387,9 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
         return {name: ev(*{"sft": (0.6, -1.0), "sync-s0": (0.7, 0.5), "sync-s1": (0.8, 1.5),
                            "oppo-s0": (0.75, 1.0)}[name]) for name in actors}
 
-    monkeypatch.setattr(convergence.learn, "evaluate_actors", fake_evaluate)
+    monkeypatch.setattr(learn_eval, "evaluate_actors", fake_evaluate)
     runs = {"sync": {0: {"returncode": 0}, 1: {"returncode": 0}}, "oppo": {0: {"returncode": 0}, 1: {"returncode": 1}}}
-    fe = convergence.final_eval(str(config), out, runs)
+    fe = final_eval.evaluate(str(config), out, runs)
     assert seen["trained"] == 512 and seen["root"] == root
     assert seen["actors"] == {"sft": root / "actor", "sync-s0": out / "sync-s0" / "model",
                               "sync-s1": out / "sync-s1" / "model", "oppo-s0": out / "oppo-s0" / "model"}
@@ -399,7 +399,7 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
     assert rows["oppo"]["runs"] == 1 and rows["oppo"]["exact_match_mid"] == (0.375, 0.375, 0.375)
     assert rows["oppo"]["exact_match_long"] == (None, None, None)  # no long list among the prompts
     (root / "BUILD_OK").unlink()
-    assert convergence.final_eval(str(config), out, runs) is None  # assets not built: said, skipped
+    assert final_eval.evaluate(str(config), out, runs) is None  # assets not built: said, skipped
 
 
 def test_heldout_prompts_follow_the_trained_rows(tmp_path):
@@ -407,6 +407,6 @@ def test_heldout_prompts_follow_the_trained_rows(tmp_path):
     rows = [{"input": f"reverse: w{i} =>", "label": f"w{i}"} for i in range(10)]
     assets.prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec = learn.LearnSpec(rl_prompts=10, eval_prompts=3)
-    assert learn.heldout_records(assets, spec, 4) == rows[4:7]
+    assert learn_eval.heldout_records(assets, spec, 4) == rows[4:7]
     with pytest.raises(ValueError, match=r"no prompts after the first 10 \(--data.max_samples\)"):
-        learn.heldout_records(assets, spec, 10)
+        learn_eval.heldout_records(assets, spec, 10)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from openrlhf_oppo import tasks
-from openrlhf_oppo.tasks import learn
+from openrlhf_oppo.tasks import learn, learn_eval
 
 EOS = "<|eos|>"
 
@@ -243,12 +243,12 @@ def test_marker_changes_with_the_spec():
 
 
 def test_quantile_and_auc_by_hand():
-    assert learn.quantile([5, 1, 3, 2, 4], 0.5) == 3
-    assert learn.quantile(list(range(1, 101)), 0.95) == 95
-    assert learn.quantile([7], 0.95) == 7
-    assert learn.auc([3.0, 1.0], [2.0, 0.0]) == 0.75  # 3>2, 3>0, 1>0; 1<2
-    assert learn.auc([1.0], [1.0]) == 0.5
-    assert learn.auc([], [1.0]) is None
+    assert learn_eval.quantile([5, 1, 3, 2, 4], 0.5) == 3
+    assert learn_eval.quantile(list(range(1, 101)), 0.95) == 95
+    assert learn_eval.quantile([7], 0.95) == 7
+    assert learn_eval.auc([3.0, 1.0], [2.0, 0.0]) == 0.75  # 3>2, 3>0, 1>0; 1<2
+    assert learn_eval.auc([1.0], [1.0]) == 0.5
+    assert learn_eval.auc([], [1.0]) is None
 
 
 # Runs OpenRLHF's train_sft and train_rm (DeepSpeed on CPU) on a few dozen samples:

@@ -1,0 +1,62 @@
+"""`bench convergence` on the learn task: the SFT policy and each run's final actor on
+prompts no run trained on (exact match overall and by list length, learned reward, length)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openrlhf_oppo.bench.convergence import _fmt, _spread, table_line, task_root
+from openrlhf_oppo.tasks import learn, learn_eval
+
+
+FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match_long", "median_response_tokens")
+
+
+def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
+    """The learn task's SFT policy and every finished run's final actor (`<run>/model`) on
+    the same prompts no run trained on (`tasks.learn_eval.heldout_records`), one sample each at
+    temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word lists), mean
+    learned reward, median response length. None for another task."""
+    from openrlhf_oppo.integrations import yaml_config
+
+    variant, root = task_root(config_path)
+    if variant not in learn.VARIANTS:
+        return None
+    if not (root / "BUILD_OK").exists():
+        print(f"[bench convergence] no built task assets at {root}: no final evaluation", flush=True)
+        return None
+    trained = int(yaml_config.load(config_path).flags.get("data.max_samples") or 0)
+    actors = {"sft": learn.LearnAssets(root).actor}
+    actors.update({f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
+                   for seed, r in by_seed.items() if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
+    evals = learn_eval.evaluate_actors(root, actors, trained)
+
+    def figures(e: dict) -> dict:
+        bands = e["exact_match_by_band"]
+        return {"exact_match": e["exact_match"], "mean_reward": e["mean_reward"],
+                "exact_match_mid": bands.get("mid", {}).get("exact_match"),
+                "exact_match_long": bands.get("long", {}).get("exact_match"),
+                "median_response_tokens": e["response_tokens"]["median"]}
+
+    per_actor = {name: figures(e) for name, e in evals.items()}
+    rows = [{"schedule": "sft", **{k: _spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
+    for name, by_seed in runs.items():
+        figs = [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
+        if figs:
+            rows.append({"schedule": name, "runs": len(figs),
+                         **{k: _spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
+    return {"prompts": evals["sft"]["prompts"], "first_row": trained, "rows": rows, "per_actor": per_actor}
+
+
+def print_table(fe: dict) -> None:
+    print(f"final actors on {fe['prompts']} held-out prompts (prompts.jsonl rows {fe['first_row']}+, "
+          "one sample each at T=1; median [min-max] over seeds):")
+    cols = [("actor", 11), ("exact match", 19), ("learned reward", 22), ("7-14 words", 19), ("15-40 words", 19),
+            ("median len", 12)]
+    widths = [w for _, w in cols]
+    print(table_line([name for name, _ in cols], widths))
+    for r in fe["rows"]:
+        cells = [r["schedule"], _fmt(r["exact_match"], ".3f"), _fmt(r["mean_reward"], ".3f"),
+                 _fmt(r["exact_match_mid"], ".3f"), _fmt(r["exact_match_long"], ".3f"),
+                 _fmt(r["median_response_tokens"], ".0f")]
+        print(table_line(cells, widths))

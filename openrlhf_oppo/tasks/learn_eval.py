@@ -1,0 +1,280 @@
+"""Measurements of the learn task (`openrlhf_oppo.tasks.learn`): the reward model's
+held-out accuracy, a policy's samples (exact match, lengths, learned reward, how the reward
+model judges the policy's own mistakes), the build summary and its table, and the final
+actors of PPO runs on held-out prompts (`bench convergence`). Models run in bf16, as PPO
+runs them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from openrlhf_oppo.tasks.learn import (
+    ASSET_VERSION,
+    LearnAssets,
+    LearnSpec,
+    LengthLaw,
+    _read_jsonl,
+    _Stages,
+    exact_match,
+    parse_prompt,
+    scalars,
+)
+
+
+def load_reward_model(path: Path):
+    """The reward model as OpenRLHF's PPO loads it (`get_llm_for_sequence_regression(...,
+    "reward")`, eval mode), with the CPU compat layer where CUDA is absent."""
+    from openrlhf_oppo import compat
+
+    compat.apply()  # openrlhf.models imports flash_attn at module top
+    from openrlhf.models import get_llm_for_sequence_regression
+
+    model = get_llm_for_sequence_regression(str(path), "reward", param_dtype="bf16", attn_implementation="sdpa")
+    return model.eval()
+
+
+def _batches(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 64) -> list[float]:
+    """Rewards of whole token sequences (prompt + response), left-padded as OpenRLHF does;
+    batched by length (the lengths are long-tailed: padding to the longest would dominate)."""
+    import torch
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    rewards = [0.0] * len(sequences)
+    with torch.no_grad():
+        for batch in _batches(order, batch_size):
+            width = max(len(sequences[i]) for i in batch)
+            ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(sequences[i])) + sequences[i] for i in batch])
+            mask = torch.tensor([[0] * (width - len(sequences[i])) + [1] * len(sequences[i]) for i in batch])
+            for i, reward in zip(batch, model(ids, attention_mask=mask).float().tolist()):
+                rewards[i] = reward
+    return rewards
+
+
+def rm_accuracy(model, tokenizer, pairs: list[dict], lengths: LengthLaw) -> dict:
+    """Share of pairs with r(chosen) > r(rejected) (a tie counts as wrong, as in OpenRLHF's
+    eval): overall, per mistake kind and per length band of `lengths`. Text is tokenized as
+    OpenRLHF's RewardDataset does (prompt + response, no special tokens added)."""
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    chosen = score(model, tokenizer, [ids(p["prompt"] + p["chosen"]) for p in pairs])
+    rejected = score(model, tokenizer, [ids(p["prompt"] + p["rejected"]) for p in pairs])
+    wins = [c > r for c, r in zip(chosen, rejected)]
+
+    def share_by(key) -> dict[str, float]:
+        groups: dict[str, list[bool]] = {}
+        for p, win in zip(pairs, wins):
+            groups.setdefault(key(p), []).append(win)
+        return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+
+    return {
+        "accuracy": sum(wins) / len(wins),
+        "by_kind": share_by(lambda p: p["kind"]),
+        "by_band": share_by(lambda p: _band(len(parse_prompt(p["prompt"])), lengths)),
+    }
+
+
+def sample_policy(actor_path: Path, prompts: list[str], max_new_tokens: int, seed: int,
+                  batch_size: int = 64) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, response ids) per prompt: one sample each at temperature 1.0, no top-k /
+    top-p (as vLLM samples in PPO), transformers `generate`. A response ends with EOS unless
+    it ran into `max_new_tokens`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(actor_path)
+    model = AutoModelForCausalLM.from_pretrained(actor_path, dtype=torch.bfloat16).eval()
+    torch.manual_seed(seed)
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    response_ids: list[list[int]] = [[] for _ in prompts]
+    # batched by prompt length: long lists (long answers) decode together, short batches end early
+    order = sorted(range(len(prompts)), key=lambda i: len(prompt_ids[i]))
+    with torch.no_grad():
+        for batch in _batches(order, batch_size):
+            width = max(len(prompt_ids[i]) for i in batch)
+            ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(prompt_ids[i])) + prompt_ids[i] for i in batch])
+            mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in batch])
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+            for i, row in zip(batch, out[:, width:].tolist()):
+                end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+                response_ids[i] = row[:end]
+    return prompt_ids, response_ids
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile (q in [0, 1])."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _band(n_words: int, lengths: LengthLaw) -> str:
+    return "short" if n_words <= lengths.short[1] else "mid" if n_words <= lengths.mid[1] else "long"
+
+
+def auc(positives: list[float], negatives: list[float]) -> float | None:
+    """P(score of a random positive > one of a random negative), ties half; None if a side is empty."""
+    if not positives or not negatives:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in positives for n in negatives)
+    return wins / (len(positives) * len(negatives))
+
+
+def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer, actor: Path | None = None,
+                    records: list[dict] | None = None) -> dict:
+    """A policy (default: the SFT actor) on RL prompts (default: the first `eval_prompts`):
+    exact match (overall, per length band, on prompts unseen in SFT), response lengths, the
+    learned reward of its samples, and the reward model on the policy's own samples: how
+    often it scores a wrong sample below the gold answer of the same prompt (what RL needs),
+    and how well it separates correct samples from wrong ones across prompts (AUC: also asks
+    that rewards be comparable from prompt to prompt, which Bradley-Terry training on
+    same-prompt pairs does not)."""
+    records = _read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
+    seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
+    prompt_ids, response_ids = sample_policy(actor or assets.actor, [r["input"] for r in records],
+                                             spec.max_new_tokens, spec.seed)
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    correct = [exact_match(r["input"], t) for r, t in zip(records, texts)]
+    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    gold_ids = [tokenizer(f" {r['label']}{tokenizer.eos_token}", add_special_tokens=False)["input_ids"]
+                for r in records]
+    gold_rewards = score(reward_model, tokenizer, [p + g for p, g in zip(prompt_ids, gold_ids)])
+    gold_wins = [g > x for x, g, ok in zip(rewards, gold_rewards, correct) if not ok]
+    bands: dict[str, list[bool]] = {}
+    for r, ok in zip(records, correct):
+        bands.setdefault(_band(len(r["label"].split()), spec.lengths), []).append(ok)
+    unseen = [ok for r, ok in zip(records, correct) if r["input"] not in seen]
+    lengths = [len(r) for r in response_ids]
+    return {
+        "prompts": len(records),
+        "exact_match": sum(correct) / len(correct),
+        "exact_match_by_band": {b: {"n": len(v), "exact_match": sum(v) / len(v)} for b, v in sorted(bands.items())},
+        "unseen_prompts": len(unseen),
+        "exact_match_unseen": sum(unseen) / len(unseen) if unseen else None,
+        "response_tokens": {"median": quantile(lengths, 0.5), "p95": quantile(lengths, 0.95), "max": max(lengths),
+                            "at_cap": sum(n >= spec.max_new_tokens for n in lengths) / len(lengths)},
+        "mean_reward": _mean(rewards),
+        "wrong_samples": len(gold_wins),
+        "reward_gold_above_wrong_sample": _mean(gold_wins),
+        "reward_auc_correct_vs_wrong": auc([x for x, ok in zip(rewards, correct) if ok],
+                                           [x for x, ok in zip(rewards, correct) if not ok]),
+        "mean_reward_correct": _mean([x for x, ok in zip(rewards, correct) if ok]),
+        "mean_reward_wrong": _mean([x for x, ok in zip(rewards, correct) if not ok]),
+    }
+
+
+def heldout_records(assets: LearnAssets, spec: LearnSpec, trained_prompts: int) -> list[dict]:
+    """Up to `eval_prompts` RL prompts a PPO run with `--data.max_samples trained_prompts`
+    never draws: OpenRLHF keeps the dataset's first max_samples rows, so these follow them."""
+    rows = _read_jsonl(assets.prompts)
+    if len(rows) <= trained_prompts:
+        raise ValueError(f"{assets.prompts}: no prompts after the first {trained_prompts} (--data.max_samples) "
+                         f"to evaluate on; it holds {len(rows)}")
+    return rows[trained_prompts:][: spec.eval_prompts]
+
+
+def evaluate_actors(root: Path | str, actors: dict[str, Path], trained_prompts: int,
+                    spec: LearnSpec = LearnSpec()) -> dict[str, dict]:
+    """`evaluate_policy` of each actor directory (name -> path), all on the same held-out
+    prompts (`heldout_records`), sampled with the same seed, scored by the task's reward model."""
+    from transformers import AutoTokenizer
+
+    assets = LearnAssets(Path(root).expanduser())
+    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
+    reward_model = load_reward_model(assets.reward)
+    records = heldout_records(assets, spec, trained_prompts)
+    return {name: evaluate_policy(assets, spec, reward_model, tokenizer, actor=path, records=records)
+            for name, path in actors.items()}
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ---- the build ------------------------------------------------------------------------
+
+
+def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None, log=print) -> dict:
+    """The numbers of a built (or trained) asset directory: trainer losses from TensorBoard,
+    reward-model held-out accuracy and the SFT policy's samples, both in bf16 as PPO runs
+    them; with `stages`' times so far plus its own."""
+    from transformers import AutoTokenizer
+
+    stages = _Stages() if stages is None else stages
+    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
+    reward_model = stages.run("load reward model (as PPO does)", lambda: load_reward_model(assets.reward), log)
+    heldout = _read_jsonl(assets.data / "rm_heldout.jsonl")
+    rm_acc = stages.run("RM held-out accuracy", lambda: rm_accuracy(reward_model, tokenizer, heldout, spec.lengths), log)
+    policy = stages.run("SFT policy samples", lambda: evaluate_policy(assets, spec, reward_model, tokenizer), log)
+    sft_loss = scalars(assets.root / "logs" / "sft", "train/gpt_loss")
+    rm_loss = scalars(assets.root / "logs" / "rm", "train/loss")
+    rm_eval = scalars(assets.root / "logs" / "rm", "eval/acc_mean")
+    return {
+        "version": ASSET_VERSION,
+        "spec": asdict(spec),
+        "actor_params": _parameters(assets.actor),
+        "reward_params": sum(p.numel() for p in reward_model.parameters()),
+        "sft_steps": len(sft_loss),
+        "sft_loss_first": sft_loss[0] if sft_loss else None,
+        "sft_loss_last": sft_loss[-1] if sft_loss else None,
+        "rm_steps": len(rm_loss),
+        "rm_loss_first": rm_loss[0] if rm_loss else None,
+        "rm_loss_last": rm_loss[-1] if rm_loss else None,
+        "rm_heldout_pairs": len(heldout),
+        "rm_heldout_accuracy": rm_acc["accuracy"],
+        "rm_heldout_accuracy_by_kind": rm_acc["by_kind"],
+        "rm_heldout_accuracy_by_band": rm_acc["by_band"],
+        "rm_heldout_accuracy_trainer_eval": rm_eval[-1] if rm_eval else None,
+        "sft_policy": policy,
+        "stage_seconds": stages.seconds,
+        "stage_cpu_seconds": stages.cpu_seconds,
+        "total_seconds": sum(stages.seconds.values()),
+        "total_cpu_seconds": sum(stages.cpu_seconds.values()),
+    }
+
+
+def _parameters(model_dir: Path) -> int:
+    """Parameter count of a saved model (one safetensors file), without loading it."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+
+
+def summary_table(s: dict) -> str:
+    """The build's numbers as a two-column table."""
+    p = s["sft_policy"]
+    tokens = p["response_tokens"]
+
+    def num(x, fmt=".3f"):
+        return "n/a" if x is None else format(x, fmt)
+
+    rows = [
+        ("actor / reward params", f"{s['actor_params']:,} / {s['reward_params']:,}"),
+        ("SFT loss first -> last", f"{num(s['sft_loss_first'])} -> {num(s['sft_loss_last'])} ({s['sft_steps']} steps)"),
+        ("RM loss first -> last", f"{num(s['rm_loss_first'])} -> {num(s['rm_loss_last'])} ({s['rm_steps']} steps)"),
+        ("RM held-out accuracy", f"{s['rm_heldout_accuracy']:.3f} on {s['rm_heldout_pairs']} pairs (bf16, as PPO runs "
+                                 f"it; {num(s['rm_heldout_accuracy_trainer_eval'])} in train_rm's own eval)"),
+        *((f"  {kind}", f"{acc:.3f}") for kind, acc in s["rm_heldout_accuracy_by_kind"].items()),
+        *((f"  {band} lists", f"{acc:.3f}") for band, acc in s["rm_heldout_accuracy_by_band"].items()),
+        ("SFT exact match (T=1)", f"{p['exact_match']:.3f} on {p['prompts']} RL prompts; "
+                                  f"{num(p['exact_match_unseen'])} on {p['unseen_prompts']} unseen in SFT"),
+        *((f"  {band} lists", f"{v['exact_match']:.3f} ({v['n']})") for band, v in p["exact_match_by_band"].items()),
+        ("response tokens", f"median {tokens['median']}, p95 {tokens['p95']}, max {tokens['max']}, "
+                            f"{tokens['at_cap']:.1%} at the cap"),
+        ("RM on SFT's wrong samples", f"gold answer scored higher for {num(p['reward_gold_above_wrong_sample'])} "
+                                      f"of {p['wrong_samples']}"),
+        ("RM AUC on SFT samples", f"{num(p['reward_auc_correct_vs_wrong'])} (correct vs wrong, across prompts)"),
+        *((f"time: {name}", f"{sec:.1f} s ({s['stage_cpu_seconds'][name]:.1f} s CPU)")
+          for name, sec in s["stage_seconds"].items()),
+        ("time: total", f"{s['total_seconds']:.1f} s ({s['total_cpu_seconds']:.1f} s CPU)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["learn task build summary", *(f"  {k:<{width}}  {v}" for k, v in rows)])
