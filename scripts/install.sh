@@ -19,6 +19,10 @@ if [ "$STACK" = cpu ]; then
   $PIP -c constraints-cpu.txt --no-deps openrlhf==0.11.2
   # PyPI's torchvision/torchaudio/torchcodec link CUDA and break transformers' imports.
   ${PYTHON:-python} -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # DeepSpeed's CPU Adam, JIT-built into the project cache (a no-op once built).
+  if ! out=$(${PYTHON:-python} -c "from openrlhf_oppo.compat.caches import prebuild_ops; prebuild_ops()" 2>&1); then
+    echo "$out" >&2; echo "install: building DeepSpeed's CPU Adam failed (output above)" >&2; exit 1
+  fi
 else
   $PIP -e ".[gpu,test,bench]"
 fi

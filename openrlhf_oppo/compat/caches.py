@@ -327,3 +327,13 @@ def _is_inductor_default(value: str) -> bool:
     except ImportError:
         return False
     return os.path.abspath(value) == os.path.abspath(default_cache_dir())
+
+
+def prebuild_ops() -> None:
+    """Build DeepSpeed's CPU Adam into the project cache now (`scripts/install.sh` on the CPU
+    stack), as the trainers' processes would on first use: about 1-2.5 min, which a first run
+    or `openrlhf-oppo prepare` then does not spend."""
+    os.environ.update(cache_env(os.environ))
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    CPUAdamBuilder().load()

@@ -3,9 +3,11 @@
 The task: reverse a list of words ("reverse: red cat blue dog =>" -> " dog blue cat red").
 List lengths are heavy-tailed (RL prompts: 60 % 1-6 words, 30 % 7-14, 10 % 15-40), and a
 response is one token per word plus EOS, so response lengths have a long tail, as in real
-RLHF. The training data (SFT records, reward-model pairs) holds mostly short lists (85 %
-1-6 words), so the SFT policy reverses short lists and fails on most longer ones: RL has
-something to gain, on the long prompts.
+RLHF. The training data (SFT records, the reward model's hand-made pairs) holds mostly short
+lists (85 % 1-6 words), so the SFT policy reverses short lists and fails on most longer ones:
+RL has something to gain, on the long prompts. The reward model also trains on the SFT
+policy's own wrong samples (on prompts with the RL prompts' lengths), the mistakes PPO starts
+from.
 
     prompt   "reverse: red cat blue dog =>"
     answer   "dog blue cat red"            (the `label` in prompts.jsonl)
@@ -22,7 +24,9 @@ subprocesses through the CPU compat layer:
                       from the SFT policy; OpenRLHF's layout (`--reward.model_name_or_path`), and
                       the critic's initialisation, as OpenRLHF does by default
     data/sft.jsonl          {"input", "output"}: prompt, response (with EOS)
-    data/rm_train.jsonl     {"prompt", "chosen", "rejected", "kind"}: gold vs one plausible mistake
+    data/rm_mistakes.jsonl  {"prompt", "chosen", "rejected", "kind"}: gold vs one plausible mistake
+    data/rm_policy.jsonl    same, gold vs a wrong sample of the SFT policy (kind "policy")
+    data/rm_train.jsonl     the reward model's training pairs: both of the above
     data/rm_heldout.jsonl   same, another seed, the RL prompts' length law (RM held-out accuracy)
     prompts.jsonl     {"input", "label"}: RL prompts with the ground-truth answer
     summary.json      what `build` measured (losses, accuracies, lengths, stage times)
@@ -57,7 +61,7 @@ from pathlib import Path
 
 from openrlhf_oppo.tasks import tiny
 
-ASSET_VERSION = "learn-v1"
+ASSET_VERSION = "learn-v2"
 DEFAULT_ASSETS_DIR = tiny.DEFAULT_ASSETS_DIR.with_name("learn")
 
 # The words the lists are made of (one BPE token each after a space).
@@ -210,6 +214,25 @@ def preference_pairs(n: int, seed: int, eos_token: str, lengths: LengthLaw = Len
     return pairs
 
 
+def policy_pairs(actor: Path, records: list[dict], samples: int, max_new_tokens: int, seed: int) -> list[dict]:
+    """Pairs {"prompt", "chosen", "rejected", "kind": "policy"}: the gold answer against each
+    wrong one of `samples` samples per record of the policy at `actor` (a sample that runs
+    into `max_new_tokens` without EOS is wrong and kept as it is)."""
+    from transformers import AutoTokenizer
+
+    from openrlhf_oppo.tasks.learn_eval import sample_policy
+
+    tokenizer = AutoTokenizer.from_pretrained(actor)
+    prompts = [r["input"] for r in records for _ in range(samples)]
+    _, responses = sample_policy(actor, prompts, max_new_tokens, seed)
+    pairs = []
+    for prompt, text in zip(prompts, tokenizer.batch_decode(responses)):  # EOS stays in the text
+        if not exact_match(prompt, text, tokenizer.eos_token):
+            pairs.append({"prompt": prompt, "chosen": f" {answer(prompt)}{tokenizer.eos_token}",
+                          "rejected": text, "kind": "policy"})
+    return pairs
+
+
 def sft_records(n: int, seed: int, eos_token: str, lengths: LengthLaw = LengthLaw()) -> list[dict]:
     """n SFT records {"input", "output"}: the response ends with EOS (so OpenRLHF's
     SFTDataset adds no " " + EOS of its own)."""
@@ -277,14 +300,24 @@ class LearnSpec:
     """SFT samples per optimizer step (--train.batch_size = --train.micro_batch_size)."""
     sft_lr: float = 3e-3
     """SFT peak learning rate (cosine to 10 %, 3 % warm-up)."""
-    rm_train_pairs: int = 32000
-    """Reward-model training pairs, one epoch. The reward model learns to check mid-length lists
-    late: after 28,000 pairs held-out accuracy on 7-14 words was 0.50, after 32,000 0.91."""
+    rm_train_pairs: int = 48000
+    """Hand-made training pairs (gold vs a plausible mistake), one epoch, beside the SFT
+    policy's own mistakes (`rm_policy_prompts`). The reward model learns to check mid-length
+    lists late: with 32,000 hand-made pairs and 3,150 of the policy's, held-out accuracy was
+    0.80 (0.63 on 7-14 words); with 48,000 and 6,186, 0.86 (0.75)."""
     rm_kind_weights: tuple[tuple[str, float], ...] = (
         ("swap", 3.0), ("substitute", 3.0), ("unreversed", 2.0), ("drop", 1.0), ("repeat", 1.0), ("truncate", 1.0))
     """Mistake kinds of the training pairs, by weight: the local mistakes (a swap, a substituted
     word), which the policy's own samples are full of, are the hardest to learn. The held-out
     pairs weigh every kind the same."""
+    rm_policy_prompts: int = 8192
+    """Prompts (the RL prompts' length law, their own seed) that the SFT policy samples
+    `rm_policy_samples` times each once SFT is done; every wrong sample becomes a training pair
+    against the gold answer (kind "policy"). Trained on hand-made mistakes only, the reward
+    model scored the gold answer above the SFT policy's own wrong samples 64 % of the time,
+    and PPO raised the learned reward while exact match fell; with them, 79 %. 0: no such pairs."""
+    rm_policy_samples: int = 2
+    """Samples per prompt of `rm_policy_prompts` (temperature 1, as PPO samples)."""
     rm_heldout_pairs: int = 512
     """Held-out pairs (their own seed): the accuracy `build` reports, and OpenRLHF's eval set (reward mean / std)."""
     rm_batch_size: int = 64
@@ -315,6 +348,9 @@ class LearnSpec:
         if set(weights) - set(MISTAKES) or not all(w >= 0 for w in weights.values()) or not any(weights.values()):
             raise ValueError(f"rm_kind_weights must weigh kinds of {', '.join(MISTAKES)} with weights >= 0, "
                              f"not all 0; got {self.rm_kind_weights}")
+        if self.rm_policy_prompts < 0 or self.rm_policy_samples < 1:
+            raise ValueError(f"rm_policy_prompts must be >= 0 and rm_policy_samples >= 1, got "
+                             f"{self.rm_policy_prompts} and {self.rm_policy_samples}")
         if self.rm_heldout_pairs < 1:
             raise ValueError(f"rm_heldout_pairs must be >= 1, got {self.rm_heldout_pairs}")
 
@@ -385,13 +421,25 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def write_data(assets: LearnAssets, spec: LearnSpec, eos_token: str) -> None:
-    """The four splits, each from its own seed (see the module docstring)."""
+    """The four splits made without a model, each from its own seed (see the module docstring)."""
     _write_jsonl(assets.data / "sft.jsonl", sft_records(spec.sft_samples, spec.seed, eos_token, spec.train_lengths))
-    _write_jsonl(assets.data / "rm_train.jsonl", preference_pairs(spec.rm_train_pairs, spec.seed + 10, eos_token,
+    _write_jsonl(assets.data / "rm_mistakes.jsonl", preference_pairs(spec.rm_train_pairs, spec.seed + 10, eos_token,
                                                                   spec.train_lengths, dict(spec.rm_kind_weights)))
     _write_jsonl(assets.data / "rm_heldout.jsonl",
                  preference_pairs(spec.rm_heldout_pairs, spec.seed + 20, eos_token, spec.lengths))
     _write_jsonl(assets.prompts, prompt_records(spec.rl_prompts, spec.seed + 30, spec.lengths))
+
+
+def write_rm_train(assets: LearnAssets, spec: LearnSpec) -> int:
+    """data/rm_policy.jsonl (the SFT policy's mistakes; `policy_pairs` on prompts of their own
+    seed) and data/rm_train.jsonl, the hand-made and the policy's pairs together (train_rm
+    shuffles them); returns the number of training pairs."""
+    records = prompt_records(spec.rm_policy_prompts, spec.seed + 50, spec.lengths)
+    policy = policy_pairs(assets.actor, records, spec.rm_policy_samples, spec.max_new_tokens, spec.seed + 50)
+    _write_jsonl(assets.data / "rm_policy.jsonl", policy)
+    train = _read_jsonl(assets.data / "rm_mistakes.jsonl") + policy
+    _write_jsonl(assets.data / "rm_train.jsonl", train)
+    return len(train)
 
 
 def init_actor(assets: LearnAssets, spec: LearnSpec, tokenizer) -> int:
@@ -466,7 +514,7 @@ def sft_argv(assets: LearnAssets, spec: LearnSpec) -> list[str]:
     ], spec.train_dtype)
 
 
-def rm_argv(assets: LearnAssets, spec: LearnSpec) -> list[str]:
+def rm_argv(assets: LearnAssets, spec: LearnSpec, pairs: int) -> list[str]:
     return trainer_argv("openrlhf.cli.train_rm", [
         "--model.model_name_or_path", str(assets.actor),  # the SFT policy: it already knows the task
         "--data.dataset", str(assets.data / "rm_train.jsonl"),
@@ -474,7 +522,7 @@ def rm_argv(assets: LearnAssets, spec: LearnSpec) -> list[str]:
         "--data.prompt_key", "prompt",
         "--data.chosen_key", "chosen",
         "--data.rejected_key", "rejected",
-        "--data.max_samples", str(spec.rm_train_pairs),
+        "--data.max_samples", str(pairs),
         "--train.batch_size", str(spec.rm_batch_size),
         "--train.micro_batch_size", str(spec.rm_batch_size),
         "--train.max_epochs", "1",
@@ -595,8 +643,9 @@ def build(root: Path | str | None = None, spec: LearnSpec = LearnSpec(), force: 
 
     stages.run("data, tokenizer, initial actor", prepare, log)
     stages.run("SFT (openrlhf.cli.train_sft)", lambda: run_trainer(sft_argv(assets, spec), assets.root, log), log)
+    pairs = stages.run("SFT policy's mistakes (reward-model pairs)", lambda: write_rm_train(assets, spec), log)
     stages.run("reward model (openrlhf.cli.train_rm)",
-               lambda: run_trainer(rm_argv(assets, spec), assets.root, log), log)
+               lambda: run_trainer(rm_argv(assets, spec, pairs), assets.root, log), log)
     from openrlhf_oppo.tasks import learn_eval
 
     summary = learn_eval.measure(assets, spec, stages, log)

@@ -224,6 +224,8 @@ def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None,
         "sft_steps": len(sft_loss),
         "sft_loss_first": sft_loss[0] if sft_loss else None,
         "sft_loss_last": sft_loss[-1] if sft_loss else None,
+        "rm_train_pairs": _rows(assets.data / "rm_train.jsonl"),
+        "rm_policy_pairs": _rows(assets.data / "rm_policy.jsonl"),
         "rm_steps": len(rm_loss),
         "rm_loss_first": rm_loss[0] if rm_loss else None,
         "rm_loss_last": rm_loss[-1] if rm_loss else None,
@@ -238,6 +240,10 @@ def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None,
         "total_seconds": sum(stages.seconds.values()),
         "total_cpu_seconds": sum(stages.cpu_seconds.values()),
     }
+
+
+def _rows(path: Path) -> int | None:
+    return len(_read_jsonl(path)) if path.exists() else None
 
 
 def _parameters(model_dir: Path) -> int:
@@ -259,6 +265,8 @@ def summary_table(s: dict) -> str:
     rows = [
         ("actor / reward params", f"{s['actor_params']:,} / {s['reward_params']:,}"),
         ("SFT loss first -> last", f"{num(s['sft_loss_first'])} -> {num(s['sft_loss_last'])} ({s['sft_steps']} steps)"),
+        ("RM training pairs", f"{s['rm_train_pairs']:,}, of which {s['rm_policy_pairs']:,} gold vs the SFT "
+                              "policy's own wrong samples"),
         ("RM loss first -> last", f"{num(s['rm_loss_first'])} -> {num(s['rm_loss_last'])} ({s['rm_steps']} steps)"),
         ("RM held-out accuracy", f"{s['rm_heldout_accuracy']:.3f} on {s['rm_heldout_pairs']} pairs (bf16, as PPO runs "
                                  f"it; {num(s['rm_heldout_accuracy_trainer_eval'])} in train_rm's own eval)"),

@@ -142,12 +142,42 @@ def test_write_data_splits(tmp_path):
     assets = learn.LearnAssets(tmp_path)
     learn.write_data(assets, spec, EOS)
     rows = {name: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
-            for name in ("data/sft.jsonl", "data/rm_train.jsonl", "data/rm_heldout.jsonl", "prompts.jsonl")}
+            for name in ("data/sft.jsonl", "data/rm_mistakes.jsonl", "data/rm_heldout.jsonl", "prompts.jsonl")}
     assert [len(v) for v in rows.values()] == [30, 20, 10, 40]
     assert set(rows["data/sft.jsonl"][0]) == {"input", "output"}
-    assert set(rows["data/rm_train.jsonl"][0]) == {"prompt", "chosen", "rejected", "kind"}
+    assert set(rows["data/rm_mistakes.jsonl"][0]) == {"prompt", "chosen", "rejected", "kind"}
     assert set(rows["prompts.jsonl"][0]) == {"input", "label"}
-    assert rows["data/rm_train.jsonl"][:10] != rows["data/rm_heldout.jsonl"]
+    assert rows["data/rm_mistakes.jsonl"][:10] != rows["data/rm_heldout.jsonl"]
+
+
+def test_policy_pairs_keep_the_wrong_samples_against_the_gold_answer(tmp_path, monkeypatch):
+    tok = learn.build_tokenizer(tmp_path / "actor", vocab_size=384)
+    records = [{"input": learn.make_prompt(w), "label": " ".join(w[::-1])} for w in (["red", "cat"], ["sun"])]
+
+    def ids(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    # per prompt, 3 samples: the gold answer, a swap, and one that runs into the cap without EOS
+    samples = {"reverse: red cat =>": [" cat red" + EOS, " red cat" + EOS, " cat red cat red"],
+               "reverse: sun =>": [" sun" + EOS, " sun sun" + EOS, " moon"]}
+    seen = []
+
+    def fake_sample_policy(actor, prompts, max_new_tokens, seed):
+        seen.append((actor, prompts, max_new_tokens, seed))
+        counts: Counter = Counter()
+        responses = []
+        for p in prompts:
+            responses.append(ids(samples[p][counts[p]]))
+            counts[p] += 1
+        return [ids(p) for p in prompts], responses
+
+    monkeypatch.setattr(learn_eval, "sample_policy", fake_sample_policy)
+    pairs = learn.policy_pairs(tmp_path / "actor", records, samples=3, max_new_tokens=16, seed=5)
+    assert seen == [(tmp_path / "actor", ["reverse: red cat =>"] * 3 + ["reverse: sun =>"] * 3, 16, 5)]
+    assert [(p["prompt"], p["rejected"]) for p in pairs] == [
+        ("reverse: red cat =>", " red cat" + EOS), ("reverse: red cat =>", " cat red cat red"),
+        ("reverse: sun =>", " sun sun" + EOS), ("reverse: sun =>", " moon")]
+    assert {p["chosen"] for p in pairs} == {" cat red" + EOS, " sun" + EOS} and {p["kind"] for p in pairs} == {"policy"}
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -167,8 +197,10 @@ def test_trainer_command_lines(tmp_path):
     assert (_flag(sft, "--data.input_key"), _flag(sft, "--data.output_key")) == ("input", "output")
     assert _flag(sft, "--ckpt.output_dir") == str(assets.actor)
     assert _flag(sft, "--ds.attn_implementation") == "sdpa"
-    rm = learn.rm_argv(assets, spec)
+    rm = learn.rm_argv(assets, spec, pairs=33000)
     assert _module(rm) == "openrlhf.cli.train_rm"
+    assert _flag(rm, "--data.dataset") == str(assets.data / "rm_train.jsonl")
+    assert _flag(rm, "--data.max_samples") == "33000"  # hand-made and the SFT policy's pairs, all of them
     assert _flag(rm, "--model.model_name_or_path") == str(assets.actor)  # RM starts from the SFT policy
     assert _flag(rm, "--ckpt.output_dir") == str(assets.reward) == str(assets.critic)
     assert [_flag(rm, f"--data.{k}_key") for k in ("prompt", "chosen", "rejected")] == ["prompt", "chosen", "rejected"]
@@ -186,6 +218,7 @@ def test_trainer_dtype_picks_the_entry_point(tmp_path):
     ({"train_dtype": "fp64"}, "train_dtype must be one of fp32, bf16, got 'fp64'"),
     ({"sft_samples": 16, "sft_batch_size": 32}, r"sft_samples \(16\) must be >= sft_batch_size \(32\) >= 1"),
     ({"rm_train_pairs": 100, "rm_batch_size": 0}, r"rm_train_pairs \(100\) must be >= rm_batch_size \(0\) >= 1"),
+    ({"rm_policy_samples": 0}, "rm_policy_prompts must be >= 0 and rm_policy_samples >= 1, got 8192 and 0"),
     ({"rl_prompts": 100, "eval_prompts": 200}, r"eval_prompts must be in \[1, rl_prompts = 100\], got 200"),
     ({"rm_kind_weights": (("swop", 1.0),)}, "rm_kind_weights must weigh kinds of swap, drop, repeat"),
 ])
@@ -254,7 +287,7 @@ def test_quantile_and_auc_by_hand():
 # Runs OpenRLHF's train_sft and train_rm (DeepSpeed on CPU) on a few dozen samples:
 # ~1-2 min on a 2-core machine, most of it process start-up.
 SMOKE = learn.LearnSpec(sft_samples=64, sft_batch_size=16, rm_train_pairs=32, rm_heldout_pairs=16,
-                        rm_batch_size=16, rl_prompts=16, eval_prompts=8, max_new_tokens=16)
+                        rm_policy_prompts=8, rm_batch_size=16, rl_prompts=16, eval_prompts=8, max_new_tokens=16)
 
 
 @pytest.mark.slow
@@ -262,7 +295,10 @@ def test_build_through_openrlhf_trainers_on_cpu(tmp_path):
     assets = learn.build(tmp_path / "learn", SMOKE)
     assert assets.is_built(SMOKE) and not assets.is_built(learn.LearnSpec())
     summary = json.loads(assets.summary.read_text())
-    assert summary["sft_steps"] == 4 and summary["rm_steps"] == 2
+    # 8 prompts x 2 samples of an SFT policy after 4 steps: nearly all wrong, each a pair
+    policy_pairs = summary["rm_policy_pairs"]
+    assert 8 <= policy_pairs <= 16 and summary["rm_train_pairs"] == 32 + policy_pairs
+    assert summary["sft_steps"] == 4 and summary["rm_steps"] == (32 + policy_pairs) // 16
     assert 0.0 <= summary["rm_heldout_accuracy"] <= 1.0
     assert summary["sft_policy"]["prompts"] == 8
     # the reward model is in OpenRLHF's layout, as PPO's --reward.model_name_or_path loads it
