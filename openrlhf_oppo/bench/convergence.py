@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Protocol
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.bench.schedules import STEP_TAG, tensorboard_scalars
+from openrlhf_oppo.bench.schedules import STEP_TAG, stopped, tensorboard_scalars
 from openrlhf_oppo.integrations.schedules import SCHEDULES
 from openrlhf_oppo.tasks import learn
 
@@ -643,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         (root / "result.json").write_text(json.dumps({"returncode": run.returncode, "wall_s": run.wall_s}))
         results[name][seed] = {"returncode": run.returncode, "wall_s": run.wall_s}
+        if (code := stopped("convergence", run, i, len(order), "; the same command with --keep-done runs the rest")) is not None:
+            return code
 
     tokenizer = Path(args.tokenizer).expanduser() if args.tokenizer else default_tokenizer(args.config)
     text = load_tokenizer(tokenizer) if tokenizer.is_dir() else None

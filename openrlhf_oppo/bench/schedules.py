@@ -172,6 +172,19 @@ def print_report(rows: list[dict]) -> None:
           "bound of the oppo runs' own batches (decode of the trained groups + last scoring call + actor training)")
 
 
+def stopped(bench: str, run, done: int, total: int, resume: str = "") -> int | None:
+    """The bench's exit code when a signal (Ctrl-C, SIGTERM) stopped its current run, else
+    None. The launcher ends that run gracefully and returns; without this check the bench
+    would go on to its next run."""
+    if not run.stopped_by:
+        return None
+    import signal
+
+    print(f"[bench {bench}] stopped by {signal.Signals(run.stopped_by).name} in run {done}/{total}: "
+          f"no further runs{resume}", flush=True)
+    return 128 + run.stopped_by
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo bench schedules", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/tiny-cpu.yaml", help="YAML run config")
@@ -213,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                              "--timeout-s", str(args.timeout_s), *(["--", *extra] if extra else [])])
             returncode, wall_s = run.returncode, run.wall_s
             (root / "result.json").write_text(json.dumps({"returncode": returncode, "wall_s": wall_s}))
+            if (code := stopped("schedules", run, i, len(order))) is not None:
+                return code
         summary = summarize_run(root, args.warmup_steps) if returncode == 0 else {"steps": 0, "step_s": []}
         results[schedule].append({"returncode": returncode, "wall_s": wall_s, **summary})
     rows = report(results)

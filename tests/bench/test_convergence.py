@@ -286,6 +286,7 @@ def test_a_failed_run_is_left_out(tmp_path, text):
 class FakeResult:
     returncode: int
     wall_s: float
+    stopped_by: int | None = None
 
 
 def fake_train(monkeypatch, text) -> list[list[str]]:
@@ -338,6 +339,27 @@ def test_keep_done_runs_only_what_did_not_finish(tmp_path, tokenizer_dir, text, 
     assert [Path(a[a.index("--output") + 1]).name for a in calls] == ["oppo-icepop-s0", "sync-s1", "oppo-icepop-s1"]
     rows = json.loads((out / "convergence.json").read_text())["summary"]["rows"]
     assert [r["schedule"] for r in rows] == ["sync", "oppo-icepop"]
+
+
+def test_a_signal_that_stops_a_run_stops_the_bench(tmp_path, tokenizer_dir, text, monkeypatch, capsys):
+    import signal
+
+    from openrlhf_oppo.cli import train
+
+    calls = fake_train(monkeypatch, text)
+    signalled = train.run
+
+    def stopped_in_second_run(argv):
+        result = signalled(argv)
+        return FakeResult(143, 5.0, signal.SIGTERM) if len(calls) == 2 else result
+
+    monkeypatch.setattr(train, "run", stopped_in_second_run)
+    out = tmp_path / "bench"
+    assert convergence.main(["--config", "configs/learn-cpu.yaml", "--seeds", "2", "--schedules", "sync", "oppo",
+                             "--output", str(out), "--tokenizer", str(tokenizer_dir), "--no-final-eval"]) == 143
+    assert len(calls) == 2  # not the two runs of seed 1
+    assert json.loads((out / "oppo-s0" / "result.json").read_text())["returncode"] == 143
+    assert "stopped by SIGTERM in run 2/4: no further runs; the same command with --keep-done" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
