@@ -74,10 +74,10 @@ def test_mistake_of_a_three_word_list(kind, expected):
         assert wrong == expected
 
 
-def test_one_word_list_admits_only_repeat_and_substitute():
+def test_one_word_list_admits_only_repeat_substitute_and_run_on():
     rng = random.Random(0)
     applicable = {k for k in learn.MISTAKES if learn.mistake(k, "reverse: sun =>", rng) is not None}
-    assert applicable == {"repeat", "substitute"}
+    assert applicable == {"repeat", "substitute", "run_on"}
     assert learn.mistake("repeat", "reverse: sun =>", rng) == "sun sun"
 
 
@@ -103,9 +103,22 @@ def test_preference_pairs_differ_and_only_chosen_is_correct():
     assert {p["kind"] for p in pairs} == set(learn.MISTAKES)
     for p in pairs:
         assert p["chosen"] != p["rejected"]
-        assert p["chosen"].startswith(" ") and p["chosen"].endswith(EOS) and p["rejected"].endswith(EOS)
+        assert p["chosen"].startswith(" ") and p["chosen"].endswith(EOS)
+        # a response ends with EOS unless it ran on to the cap, where a sample ends without one
+        words = len(p["rejected"].removesuffix(EOS).split())
+        assert p["rejected"].endswith(EOS) == (words < learn.RESPONSE_CAP) and words <= learn.RESPONSE_CAP
         assert learn.exact_match(p["prompt"], p["chosen"], EOS)
         assert not learn.exact_match(p["prompt"], p["rejected"], EOS)
+
+
+def test_run_on_continues_the_answer_half_the_time_to_the_cap():
+    rng = random.Random(0)
+    prompt = "reverse: red cat blue =>"
+    outs = [learn.mistake("run_on", prompt, rng).split() for _ in range(400)]
+    assert all(o[:3] == ["blue", "cat", "red"] and 3 < len(o) <= learn.RESPONSE_CAP for o in outs)
+    at_cap = sum(len(o) == learn.RESPONSE_CAP for o in outs) / len(outs)
+    assert 0.4 < at_cap < 0.6
+    assert learn.mistake("run_on", learn.make_prompt(["sun"] * learn.RESPONSE_CAP), rng) is None  # no room
 
 
 def test_kind_weights_shift_the_mix_of_mistakes():
@@ -295,9 +308,9 @@ def test_build_through_openrlhf_trainers_on_cpu(tmp_path):
     assets = learn.build(tmp_path / "learn", SMOKE)
     assert assets.is_built(SMOKE) and not assets.is_built(learn.LearnSpec())
     summary = json.loads(assets.summary.read_text())
-    # 8 prompts x 2 samples of an SFT policy after 4 steps: nearly all wrong, each a pair
+    # 8 prompts x 3 samples of an SFT policy after 4 steps: nearly all wrong, each a pair
     policy_pairs = summary["rm_policy_pairs"]
-    assert 8 <= policy_pairs <= 16 and summary["rm_train_pairs"] == 32 + policy_pairs
+    assert 16 <= policy_pairs <= 24 and summary["rm_train_pairs"] == 32 + policy_pairs
     assert summary["sft_steps"] == 4 and summary["rm_steps"] == (32 + policy_pairs) // 16
     assert 0.0 <= summary["rm_heldout_accuracy"] <= 1.0
     assert summary["sft_policy"]["prompts"] == 8
