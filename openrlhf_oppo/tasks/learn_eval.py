@@ -128,15 +128,16 @@ def auc(positives: list[float], negatives: list[float]) -> float | None:
 
 
 def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer, actor: Path | None = None,
-                    records: list[dict] | None = None) -> dict:
+                    records: list[dict] | None = None, samples_per_prompt: int = 1) -> dict:
     """A policy (default: the SFT actor) on RL prompts (default: the first `eval_prompts`):
     exact match (overall, per length band, on prompts unseen in SFT), response lengths, the
     learned reward of its samples, and the reward model on the policy's own samples: how
     often it scores a wrong sample below the gold answer of the same prompt (what RL needs),
     and how well it separates correct samples from wrong ones across prompts (AUC: also asks
     that rewards be comparable from prompt to prompt, which Bradley-Terry training on
-    same-prompt pairs does not)."""
-    records = _read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
+    same-prompt pairs does not). Shares are over all `samples_per_prompt` samples of each prompt."""
+    prompts = _read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
+    records = [r for r in prompts for _ in range(samples_per_prompt)]
     seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
     prompt_ids, response_ids = sample_policy(actor or assets.actor, [r["input"] for r in records],
                                              spec.max_new_tokens, spec.seed)
@@ -153,10 +154,11 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
     unseen = [ok for r, ok in zip(records, correct) if r["input"] not in seen]
     lengths = [len(r) for r in response_ids]
     return {
-        "prompts": len(records),
+        "prompts": len(prompts),
+        "samples_per_prompt": samples_per_prompt,
         "exact_match": sum(correct) / len(correct),
         "exact_match_by_band": {b: {"n": len(v), "exact_match": sum(v) / len(v)} for b, v in sorted(bands.items())},
-        "unseen_prompts": len(unseen),
+        "unseen_prompts": len(unseen) // samples_per_prompt,
         "exact_match_unseen": sum(unseen) / len(unseen) if unseen else None,
         "response_tokens": {"median": quantile(lengths, 0.5), "p95": quantile(lengths, 0.95), "max": max(lengths),
                             "at_cap": sum(n >= spec.max_new_tokens for n in lengths) / len(lengths)},
@@ -181,16 +183,18 @@ def heldout_records(assets: LearnAssets, spec: LearnSpec, trained_prompts: int) 
 
 
 def evaluate_actors(root: Path | str, actors: dict[str, Path], trained_prompts: int,
-                    spec: LearnSpec = LearnSpec()) -> dict[str, dict]:
+                    spec: LearnSpec = LearnSpec(), samples_per_prompt: int = 1) -> dict[str, dict]:
     """`evaluate_policy` of each actor directory (name -> path), all on the same held-out
-    prompts (`heldout_records`), sampled with the same seed, scored by the task's reward model."""
+    prompts (`heldout_records`), `samples_per_prompt` samples each with the same seed, scored
+    by the task's reward model."""
     from transformers import AutoTokenizer
 
     assets = LearnAssets(Path(root).expanduser())
     tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
     reward_model = load_reward_model(assets.reward)
     records = heldout_records(assets, spec, trained_prompts)
-    return {name: evaluate_policy(assets, spec, reward_model, tokenizer, actor=path, records=records)
+    return {name: evaluate_policy(assets, spec, reward_model, tokenizer, actor=path, records=records,
+                                  samples_per_prompt=samples_per_prompt)
             for name, path in actors.items()}
 
 

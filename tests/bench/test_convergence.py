@@ -401,8 +401,8 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
         (out / run / "model").mkdir(parents=True)
     seen = {}
 
-    def fake_evaluate(root_, actors, trained):
-        seen.update(root=root_, actors=actors, trained=trained)
+    def fake_evaluate(root_, actors, trained, samples_per_prompt):
+        seen.update(root=root_, actors=actors, trained=trained, samples_per_prompt=samples_per_prompt)
         def ev(em, reward):
             return {"prompts": 256, "exact_match": em, "mean_reward": reward, "response_tokens": {"median": 7},
                     "exact_match_by_band": {"mid": {"exact_match": em / 2}, "short": {"exact_match": 1.0}}}
@@ -412,7 +412,7 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
     monkeypatch.setattr(learn_eval, "evaluate_actors", fake_evaluate)
     runs = {"sync": {0: {"returncode": 0}, 1: {"returncode": 0}}, "oppo": {0: {"returncode": 0}, 1: {"returncode": 1}}}
     fe = final_eval.evaluate(str(config), out, runs)
-    assert seen["trained"] == 512 and seen["root"] == root
+    assert seen["trained"] == 512 and seen["root"] == root and seen["samples_per_prompt"] == final_eval.SAMPLES_PER_PROMPT
     assert seen["actors"] == {"sft": root / "actor", "sync-s0": out / "sync-s0" / "model",
                               "sync-s1": out / "sync-s1" / "model", "oppo-s0": out / "oppo-s0" / "model"}
     rows = {r["schedule"]: r for r in fe["rows"]}
