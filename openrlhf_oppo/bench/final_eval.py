@@ -18,8 +18,8 @@ FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match
 def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
     """The learn task's SFT policy and every finished run's final actor (`<run>/model`) on
     the same prompts no run trained on (`tasks.learn_eval.heldout_records`), SAMPLES_PER_PROMPT
-    samples each at temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word lists), mean
-    learned reward, median response length. None for another task."""
+    samples each at temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word
+    lists), mean learned reward, median response length. None for another task."""
     from openrlhf_oppo.integrations import yaml_config
 
     variant, root = task_root(config_path)
@@ -48,7 +48,8 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
         if figs:
             rows.append({"schedule": name, "runs": len(figs),
                          **{k: _spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
-    return {"prompts": evals["sft"]["prompts"], "samples_per_prompt": SAMPLES_PER_PROMPT, "first_row": trained, "rows": rows, "per_actor": per_actor}
+    return {"prompts": evals["sft"]["prompts"], "samples_per_prompt": SAMPLES_PER_PROMPT, "first_row": trained,
+            "rows": rows, "per_actor": per_actor}
 
 
 def print_table(fe: dict) -> None:
