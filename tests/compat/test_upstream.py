@@ -127,3 +127,27 @@ def test_cpp_extension_build_lock_is_what_the_stamped_baton_patch_wraps():
     assert "JIT_EXTENSION_VERSIONER.get_version(name)" in source
     assert isinstance(cpp_extension.JIT_EXTENSION_VERSIONER.entries, dict)
     assert [p.module for p in patches.CACHE_PATCHES] == ["torch.utils.cpp_extension"]
+
+
+def test_master_port_patch_replaces_openrlhfs_bind_port_zero():
+    """OpenRLHF picks an actor group's MASTER_PORT by binding port 0, in the ephemeral range
+    that outgoing connections draw their local ports from (the cause of EADDRINUSE in the
+    colocate_all run); the patch draws one outside that range, which binds."""
+    import socket
+
+    from openrlhf.trainer.ray import launcher
+
+    assert 'sock.bind(("", 0))' in inspect.getsource(launcher.BaseDistributedActor._get_free_port)
+    sub = type("Actor", (launcher.BaseDistributedActor,), {})
+    _ungated(patches.master_port_outside_ephemeral_range)(types.SimpleNamespace(BaseDistributedActor=sub))
+    low, high = patches._ephemeral_ports()
+    for _ in range(20):
+        port = sub._get_free_port()
+        assert not low <= port <= high
+        with socket.socket() as sock:
+            sock.bind(("", port))  # free, as the caller expects
+
+
+def test_free_port_falls_back_to_the_kernels_choice_without_a_range(monkeypatch):
+    monkeypatch.setattr(patches, "_ephemeral_ports", lambda: (1024, 65535))  # nothing outside
+    assert 1024 <= patches.free_port_outside_ephemeral_range() <= 65535
