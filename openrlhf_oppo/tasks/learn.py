@@ -347,7 +347,7 @@ class LearnSpec:
     """Rows of prompts.jsonl (the RL prompts, with the ground truth as `label`)."""
     eval_prompts: int = 256
     """The first eval_prompts RL prompts are sampled once each from the SFT policy by `build`."""
-    max_new_tokens: int = 64
+    max_new_tokens: int = RESPONSE_CAP
     """Cap when sampling the SFT policy (configs/learn-cpu.yaml's rollout.max_new_tokens)."""
     max_len: int = 160
     """Trainers' --data.max_len (tokens): prompt (<= 43) + response (<= 41), with room."""
