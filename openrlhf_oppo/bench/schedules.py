@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 from pathlib import Path
 
@@ -178,8 +179,6 @@ def stopped(bench: str, run, done: int, total: int, resume: str = "") -> int | N
     would go on to its next run."""
     if not run.stopped_by:
         return None
-    import signal
-
     print(f"[bench {bench}] stopped by {signal.Signals(run.stopped_by).name} in run {done}/{total}: "
           f"no further runs{resume}", flush=True)
     return 128 + run.stopped_by

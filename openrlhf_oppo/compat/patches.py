@@ -139,38 +139,6 @@ def weight_sync_receiver(module) -> None:
     module.WorkerWrap.init_process_group = weight_sync.worker_init_process_group
 
 
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing connections (Linux default 32768-60999)."""
-    try:
-        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port_outside_ephemeral_range(tries: int = 64) -> int:
-    """A port that binds now, drawn outside the ephemeral range where the kernel can; a port
-    inside it (what binding port 0 returns) can be taken as the local port of any outgoing
-    connection before its owner binds it again."""
-    import random
-    import socket
-
-    low, high = _ephemeral_ports()
-    ranges = [r for r in ((10000, low - 1), (high + 1, 65535)) if r[1] - r[0] >= 1000]
-    rng = random.SystemRandom()
-    for _ in range(tries if ranges else 0):
-        port = rng.randint(*rng.choice(ranges))
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:  # no such range, or every try taken: the kernel's choice
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 @_gated
 def master_port_outside_ephemeral_range(module) -> None:
     """openrlhf 0.11.2 `BaseDistributedActor._get_free_port` binds port 0, closes the socket
@@ -179,7 +147,9 @@ def master_port_outside_ephemeral_range(module) -> None:
     the kernel may hand the same port to an outgoing connection (Ray, gloo, vLLM), and the
     store fails with `DistNetworkError: ... EADDRINUSE` (seen in CI: the compat matrix's
     colocate_all run). Draw the port outside the ephemeral range instead."""
-    module.BaseDistributedActor._get_free_port = staticmethod(free_port_outside_ephemeral_range)
+    from openrlhf_oppo.compat.ports import free_port
+
+    module.BaseDistributedActor._get_free_port = staticmethod(free_port)
 
 
 # Not CPU workarounds: seeded rollouts for OpenRLHF's own schedules (integrations.seeding),

@@ -12,14 +12,9 @@ parameter and compares it bit for bit with the file on disk.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from openrlhf_oppo.compat.ports import free_port
 
 
 def _worker(rank: int, world_size: int, port: int, model_dir: str, loads: int, sequential: bool, results) -> None:
@@ -64,7 +59,7 @@ def check(model_dir: str, world_size: int = 2, loads: int = 3, sequential: bool 
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, model_dir, loads, sequential, results)) for r in range(world_size)]
     for p in procs:
         p.start()

@@ -52,7 +52,6 @@ import os
 import random
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -476,25 +475,20 @@ def init_actor(assets: LearnAssets, spec: LearnSpec, tokenizer) -> int:
 # ---- OpenRLHF's trainers, as subprocesses ---------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def trainer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of one OpenRLHF trainer process: the CPU compat layer (where CUDA is
     absent), the project's compile caches (DeepSpeed's JIT-built Adam is reused) and a
     single-process torch.distributed world, which DeepSpeed's init needs without a launcher."""
     from openrlhf_oppo import compat
     from openrlhf_oppo.compat import caches
+    from openrlhf_oppo.compat.ports import free_port
 
     base = dict(os.environ if base is None else base)
     env = dict(base)
     env.update(compat.launch_env(base))
     env.update(caches.cache_env(base))
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     # launch_env's 1 thread suits a PPO run's many processes; a lone trainer may use every
     # core (2 threads: a reward-model step ~1.4x faster on 2 cores). A value you set wins.
     env["OMP_NUM_THREADS"] = base.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))

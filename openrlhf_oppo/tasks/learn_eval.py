@@ -247,7 +247,11 @@ def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None,
 
 
 def _rows(path: Path) -> int | None:
-    return len(_read_jsonl(path)) if path.exists() else None
+    """Rows of a JSONL file (None if absent), without parsing them."""
+    if not path.exists():
+        return None
+    with path.open() as f:
+        return sum(1 for line in f if line.strip())
 
 
 def _parameters(model_dir: Path) -> int:

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from openrlhf_oppo.compat import flash_attn_standin, patches, weight_sync
+from openrlhf_oppo.compat import flash_attn_standin, patches, ports, weight_sync
 
 
 def _ungated(patch_fn):
@@ -140,7 +140,7 @@ def test_master_port_patch_replaces_openrlhfs_bind_port_zero():
     assert 'sock.bind(("", 0))' in inspect.getsource(launcher.BaseDistributedActor._get_free_port)
     sub = type("Actor", (launcher.BaseDistributedActor,), {})
     _ungated(patches.master_port_outside_ephemeral_range)(types.SimpleNamespace(BaseDistributedActor=sub))
-    low, high = patches._ephemeral_ports()
+    low, high = ports._ephemeral_ports()
     for _ in range(20):
         port = sub._get_free_port()
         assert not low <= port <= high
@@ -149,5 +149,5 @@ def test_master_port_patch_replaces_openrlhfs_bind_port_zero():
 
 
 def test_free_port_falls_back_to_the_kernels_choice_without_a_range(monkeypatch):
-    monkeypatch.setattr(patches, "_ephemeral_ports", lambda: (1024, 65535))  # nothing outside
-    assert 1024 <= patches.free_port_outside_ephemeral_range() <= 65535
+    monkeypatch.setattr(ports, "_ephemeral_ports", lambda: (1024, 65535))  # nothing outside
+    assert 1024 <= ports.free_port() <= 65535
