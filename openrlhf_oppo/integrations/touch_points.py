@@ -70,6 +70,8 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer._init_vllm_sync_group", "patched", "compat.patches"),
     _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.update_weight", "patched", "compat.patches"),
     _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.init_process_group", "patched", "compat.patches"),
+    _T("openrlhf.datasets.reward_dataset.RewardDataset", "patched", "compat.patches"),
+    _T("openrlhf.datasets.sft_dataset.SFTDataset", "patched", "compat.patches"),
     # the ZeRO-3 gather check of the compat layer
     _T("openrlhf.models.Actor", "called", "compat.zero3_check"),
     # the learnable task's SFT policy and reward model, trained by OpenRLHF's own trainers in fp32

@@ -151,3 +151,43 @@ def test_master_port_patch_replaces_openrlhfs_bind_port_zero():
 def test_free_port_falls_back_to_the_kernels_choice_without_a_range(monkeypatch):
     monkeypatch.setattr(ports, "_ephemeral_ports", lambda: (1024, 65535))  # nothing outside
     assert 1024 <= ports.free_port() <= 65535
+
+
+@pytest.mark.parametrize("cls_name", sorted(patches.DATASET_COLUMNS))
+def test_openrlhf_datasets_keep_the_columns_the_list_patch_converts(cls_name):
+    from openrlhf.datasets import reward_dataset, sft_dataset
+
+    cls = {"RewardDataset": reward_dataset.RewardDataset, "SFTDataset": sft_dataset.SFTDataset}[cls_name]
+    source = inspect.getsource(cls.__init__)
+    for attr in patches.DATASET_COLUMNS[cls_name]:
+        assert f"self.{attr} = processed_dataset[" in source, attr
+
+
+def test_reward_dataset_columns_become_lists_and_items_stay_the_same(tmp_path):
+    """datasets >= 4 hands RewardDataset lazy Arrow columns (an Arrow select per sample and
+    column); the patch makes them lists, and every item is what it was."""
+    import datasets
+    from openrlhf.datasets import reward_dataset
+
+    from openrlhf_oppo.tasks import learn
+
+    tok = learn.build_tokenizer(tmp_path, vocab_size=384)
+    rows = [{"prompt": "reverse: red cat =>", "chosen": " cat red", "rejected": " red cat"},
+            {"prompt": "reverse: dog =>", "chosen": " dog", "rejected": " cat"}]
+    data = types.SimpleNamespace(prompt_key="prompt", chosen_key="chosen", rejected_key="rejected",
+                                 apply_chat_template=False)
+    strategy = types.SimpleNamespace(args=types.SimpleNamespace(data=data))
+
+    def build(cls):
+        return cls(datasets.Dataset.from_list(rows), tok, 64, strategy, num_processors=1)
+
+    upstream = build(reward_dataset.RewardDataset)
+    patched_cls = type("RewardDataset", (reward_dataset.RewardDataset,), {})
+    _ungated(patches.dataset_columns_as_lists)(types.SimpleNamespace(RewardDataset=patched_cls))
+    patched = build(patched_cls)
+    for attr in patches.DATASET_COLUMNS["RewardDataset"]:
+        assert isinstance(getattr(patched, attr), list)
+    assert len(patched) == len(upstream) == 2
+    for k in range(2):
+        for a, b in zip(upstream[k], patched[k]):
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
