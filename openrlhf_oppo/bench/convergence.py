@@ -57,9 +57,11 @@ OFFPOLICY_KEY = "oppo/offpolicy_token_fraction"
 # tokens and is_filter_ratio exist only with an importance-sampling correction (oppo-tis);
 # kl is the actor against the reference model (OpenRLHF's `logprobs_diff` is that too)
 DRIFT_TAGS = {"vllm_kl": "train/vllm_kl", "is_filter_ratio": "train/is_filter_ratio", "ref_kl": "train/kl"}
+GAIN_KEYS = ("reward_gain", "exact_match_gain")  # a step's figure minus the SFT policy's on its prompts (learn task)
 WINDOW_STEPS = 8  # the moving average of the curves, time-to-reward and the final figures (--window)
 THRESHOLD_FRACTION = 0.9  # default threshold: this far from sync's first moving average of the reward to its best
-PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "exact_match_vs_step.png", "length_ks_vs_step.png")
+PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "exact_match_vs_step.png", "length_ks_vs_step.png",
+         "reward_gain_vs_step.png")  # the last one where the task has an SFT baseline (learn)
 
 Spread = tuple  # (median, min, max), all None when there is nothing
 
@@ -213,11 +215,30 @@ def _time_origin(root: Path, first_step_wall: float | None) -> tuple[str, float 
     return "first step's end", first_step_wall
 
 
-def read_run(root: Path, text: ResponseText | None) -> dict:
+Baseline = dict  # prompt -> (the SFT policy's mean reward, its exact-match rate): tasks.learn_eval.sft_baseline
+
+
+def load_baseline(path: Path) -> Baseline | None:
+    """A learn task's `data/sft_baseline.jsonl` as a Baseline; None if it is absent."""
+    return {r["input"]: (r["reward"], r["exact_match"]) for r in _jsonl(path)} or None
+
+
+def step_baseline(record: dict, baseline: Baseline) -> tuple[float, float] | None:
+    """The SFT policy's (reward, exact match) on a rollouts.jsonl line's prompts: the mean over
+    its samples, as the step's reward is; None if a prompt has no baseline."""
+    values = [baseline.get(s.get("prompt")) for s in record.get("samples", [])]
+    if not values or None in values:
+        return None
+    return statistics.fmean(v[0] for v in values), statistics.fmean(v[1] for v in values)
+
+
+def read_run(root: Path, text: ResponseText | None, baseline: Baseline | None = None) -> dict:
     """Per-step series of one run directory written by `openrlhf-oppo train`. Steps are the
     run's `train/policy_loss` events (one per PPO step, every schedule); the k-th line of
     rollouts.jsonl, oppo_metrics.jsonl and oppo_trace.jsonl is step k (an async schedule may
-    have generated a batch more than it trained: left out)."""
+    have generated a batch more than it trained: left out). With a `baseline`, also the
+    reward and exact match minus the SFT policy's on the step's prompts (`reward_gain`,
+    `exact_match_gain`)."""
     scalars = tensorboard_scalars(root / "tensorboard") if (root / "tensorboard").is_dir() else {}
     step_events = _by_step(scalars.get(STEP_TAG, []))
     steps = sorted(step_events)
@@ -246,6 +267,10 @@ def read_run(root: Path, text: ResponseText | None) -> dict:
         "lengths": pad([s["lengths"] if text is not None else None for s in samples]),
         "split_mismatches": sum(s["mismatches"] for s in samples),
     }
+    if baseline:
+        base = pad([step_baseline(r, baseline) for r in rollouts])
+        for key, series, i in (("reward_gain", run["reward"], 0), ("exact_match_gain", run["exact_match"], 1)):
+            run[key] = [None if b is None or v is None else v - b[i] for v, b in zip(series, base)]
     for key, tag in DRIFT_TAGS.items():
         by = _by_step(scalars.get(tag, []))
         run[key] = [by[s][1] if s in by else None for s in steps] if by else None
@@ -366,7 +391,8 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
     """Rows per schedule and per-step series across seeds. `runs`: schedule -> seed -> run
     (a failed run holds no series: `steps` 0); the first schedule is the reference, and
     figures against it are paired seed by seed. Adds to each run its `window`-step moving
-    averages (`reward_ma`, `exact_match_ma`): one step's 32-odd samples of a few prompts
+    averages (`reward_ma`, `exact_match_ma`, and `reward_gain_ma` / `exact_match_gain_ma`
+    where runs hold gains over the SFT baseline): one step's 32-odd samples of a few prompts
     are too few to compare schedules by."""
     ref = next(iter(runs))
     good = {s: {seed: r for seed, r in by_seed.items() if r.get("steps")} for s, by_seed in runs.items()}
@@ -374,12 +400,16 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
         for r in by_seed.values():
             r["reward_ma"] = moving_average(r["reward"], window)
             r["exact_match_ma"] = moving_average(r.get("exact_match") or [], window)
+            for key in GAIN_KEYS:
+                if r.get(key):
+                    r[f"{key}_ma"] = moving_average(r[key], window)
     default_thr, per_seed_thr = sync_threshold(list(good[ref].values()), window=window)
     thr = threshold if threshold is not None else default_thr
     thr_how = (f"given (--threshold {threshold})" if threshold is not None else
                f"{THRESHOLD_FRACTION:.0%} of the way from {ref}'s first {window}-step moving average of the reward "
                f"to its best, median over seeds")
     per_seed = {s: {seed: _seed_figures(r, thr, window) for seed, r in by_seed.items()} for s, by_seed in good.items()}
+    has_gain = any(r.get("reward_gain") for by_seed in good.values() for r in by_seed.values())
     for by_seed in per_seed.values():  # against the reference's run of the same seed
         for seed, fig in by_seed.items():
             base = per_seed[ref].get(seed)
@@ -396,9 +426,11 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
             "runs_ok": f"{len(by_seed)}/{len(runs[schedule])}",
             **{key: _spread(f[key] for f in figs) for key in (
                 "final_reward", "final_reward_diff", "time_to_reward_s", "steps_to_reward", "x_ref_time_to_reward",
-                "final_exact_match", "mean_offpolicy_token_fraction", "mean_vllm_kl")},
+                "final_exact_match", "final_reward_gain", "mean_offpolicy_token_fraction", "mean_vllm_kl")},
             "reached": f"{sum(f['time_to_reward_s'] is not None for f in figs)}/{len(by_seed)}",
             "within_ref_band": within_band(list(by_seed.values()), list(good[ref].values()), "reward_ma"),
+            "gain_within_ref_band": (within_band(list(by_seed.values()), list(good[ref].values()), "reward_gain_ma")
+                                     if has_gain else None),
             "per_seed": {str(seed): f for seed, f in per_seed[schedule].items()},
         })
     ref_runs = list(good[ref].values())
@@ -408,6 +440,8 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
         steps = max((r["steps"] for r in rs), default=0)
         per_step["reward"][schedule] = band(rs, "reward_ma")
         per_step["exact_match"][schedule] = band(rs, "exact_match_ma")
+        if has_gain:
+            per_step.setdefault("reward_gain", {})[schedule] = band(rs, "reward_gain_ma")
         if schedule != ref:
             per_step["ks_trained_lengths_vs_ref"][schedule] = [
                 ks_distance(pooled_lengths(rs, "lengths", k), pooled_lengths(ref_runs, "lengths", k))
@@ -426,6 +460,7 @@ def _seed_figures(run: dict, threshold: float | None, window: int) -> dict:
         "time_to_reward_s": seconds,
         "steps_to_reward": step,
         "final_exact_match": final(run["exact_match"], window),
+        "final_reward_gain": final(run.get("reward_gain"), window),
         "mean_offpolicy_token_fraction": _mean(run.get(OFFPOLICY_KEY) or []),
         "mean_vllm_kl": _mean(run.get("vllm_kl") or []),
     }
@@ -446,18 +481,23 @@ def table_line(cells: list[str], widths: list[int]) -> str:
     return " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
 
 
+def _band_cell(band_: dict | None) -> str:
+    return "-" if band_ is None else f"{'yes' if band_['all'] else 'no'} {band_['inside']}/{band_['steps']}"
+
+
 def print_report(summary: dict) -> None:
     ref = summary["reference"]
     cols = [("schedule", 11), ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
-            (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("offpol", 6)]
+            (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("gain over SFT", 22),
+            ("gain in band", 12), ("offpol", 6)]
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
     for r in summary["rows"]:
-        band_ = r["within_ref_band"]
         cells = [r["schedule"], r["runs_ok"], _fmt(r["final_reward"], ".3f"), _fmt(r["final_reward_diff"], "+.3f"),
                  _fmt(r["time_to_reward_s"], ".0f"), _fmt(r["x_ref_time_to_reward"], ".2f"), r["reached"],
                  _fmt(r["final_exact_match"], ".2f"),
-                 f"{'yes' if band_['all'] else 'no'} {band_['inside']}/{band_['steps']}",
+                 _band_cell(r["within_ref_band"]),
+                 _fmt(r["final_reward_gain"], "+.3f"), _band_cell(r["gain_within_ref_band"]),
                  _fmt(r["mean_offpolicy_token_fraction"], ".2f", False)]
         print(table_line(cells, widths))
     thr, window = summary["threshold"], summary["window_steps"]
@@ -468,12 +508,16 @@ def print_report(summary: dict) -> None:
           f"average reward reaches the threshold; x {ref}: {ref}'s time / this one's, seed by seed (above 1 = "
           f"sooner); reached: seeds that reach it; in {ref} band: the median over seeds of the reward's "
           f"moving average within {ref}'s min-max over seeds at every step (steps inside / steps; a schedule that learns exactly as {ref} "
-          f"does falls outside at some steps by chance: at 40 % of them with 3 seeds each); offpol: mean "
+          f"does falls outside at some steps by chance: at 40 % of them with 3 seeds each); gain over SFT: the "
+          f"reward minus the SFT policy's mean reward on the same prompts (data/sft_baseline.jsonl), last {window} "
+          f"steps: learning, not which prompts the steps drew; gain in band: as 'in {ref} band', of that gain; "
+          f"offpol: mean "
           f"off-policy token fraction (OPPO)")
 
 
 def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Path]:
-    """The four PNGs under `out`: median over seeds, band min-max over seeds."""
+    """The PNGs under `out` (PLOTS; the reward gain's where runs have it): median over seeds,
+    band min-max over seeds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -549,6 +593,13 @@ def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Pat
     ax.set_xlabel("step")
     ax.set_ylabel("KS distance of response lengths")
     save(fig, ax, PLOTS[3], "length bias per step (lengths pooled over seeds)")
+
+    if summary["per_step"].get("reward_gain"):
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        banded(ax, "reward_gain", f"reward minus SFT's on the same prompts, {window}-step moving average")
+        ax.axhline(0, color="k", linewidth=0.6)
+        save(fig, ax, PLOTS[4], f"reward gain over the SFT policy per step ({window}-step moving average): "
+                                "median over seeds, band min-max over seeds")
     return paths
 
 
@@ -650,10 +701,15 @@ def main(argv: list[str] | None = None) -> int:
     text = load_tokenizer(tokenizer) if tokenizer.is_dir() else None
     if text is None:
         print(f"[bench convergence] no tokenizer at {tokenizer}: no response lengths, exact match or KS", flush=True)
+    variant, assets_root = task_root(args.config)
+    baseline = load_baseline(learn.LearnAssets(assets_root).sft_baseline) if variant == "learn" else None
+    if variant == "learn" and baseline is None:
+        print(f"[bench convergence] no {learn.LearnAssets(assets_root).sft_baseline} (assets built before it existed: "
+              "openrlhf-oppo prepare --variant learn --force): no reward gain over the SFT policy", flush=True)
     for name, by_seed in results.items():
         for seed, result in by_seed.items():
             if result["returncode"] == 0:
-                result.update(read_run(out / f"{name}-s{seed}", text))
+                result.update(read_run(out / f"{name}-s{seed}", text, baseline))
             else:
                 result["steps"] = 0
     summary = summarize(results, args.threshold, args.window)

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from openrlhf_oppo.tasks import tiny
 
-ASSET_VERSION = "learn-v2"
+ASSET_VERSION = "learn-v3"
 DEFAULT_ASSETS_DIR = tiny.DEFAULT_ASSETS_DIR.with_name("learn")
 
 # The words the lists are made of (one BPE token each after a space).
@@ -316,11 +316,13 @@ class LearnSpec:
     """SFT samples per optimizer step (--train.batch_size = --train.micro_batch_size)."""
     sft_lr: float = 3e-3
     """SFT peak learning rate (cosine to 10 %, 3 % warm-up)."""
-    rm_train_pairs: int = 48000
+    rm_train_pairs: int = 96000
     """Hand-made training pairs (gold vs a plausible mistake), one epoch, beside the SFT
     policy's own mistakes (`rm_policy_prompts`). The reward model learns to check mid-length
-    lists late: held-out accuracy on 7-14 words was 0.63 after 32,000 hand-made pairs and
-    3,150 of the policy's, 0.75 after 48,000 and 6,186."""
+    lists late: held-out accuracy (bf16) was 0.812 after 48,000 hand-made pairs and 9,321 of
+    the policy's (0.645 on 7-14 words), 0.889 after 96,000 and 9,321 (0.806), one build each.
+    Batches grouped by length (`length_grouped_order`) keep the 96,000 within the build's
+    time."""
     rm_kind_weights: tuple[tuple[str, float], ...] = (
         ("swap", 3.0), ("substitute", 3.0), ("unreversed", 2.0), ("drop", 1.0), ("repeat", 1.0), ("truncate", 1.0),
         ("run_on", 1.0))
@@ -409,6 +411,10 @@ class LearnAssets:
     @property
     def data(self) -> Path:
         return self.root / "data"
+
+    @property
+    def sft_baseline(self) -> Path:
+        return self.root / "data" / "sft_baseline.jsonl"
 
     @property
     def summary(self) -> Path:
@@ -564,6 +570,68 @@ def _without_half_precision(make_config):
     return wrapper
 
 
+GROUP_BATCHES = 4
+"""Batches per length group of train_rm's batch order (`length_grouped_order`). Measured on
+the learn task's reward model (96,000 + 9,321 pairs, one build each): random order held-out
+accuracy 0.869 with a step of 0.28 s; groups of 4 batches 0.889 and 0.13 s; groups of 32,
+whose batches are nearly of one length, 0.797 (0.41 on long lists) and 0.12 s."""
+
+
+def length_grouped_order(lengths: list[int], batch_size: int, seed: int, group_batches: int = GROUP_BATCHES) -> list[int]:
+    """A shuffled order of range(len(lengths)) in which each consecutive block of batch_size
+    holds samples of similar length (the idea of transformers' `group_by_length`): a random
+    permutation cut into groups of group_batches batches, each group sorted by length and cut
+    into batches, the full batches shuffled and a short one (at most one, of the last group)
+    put last. A batch is padded to its longest sample; with the task's long-tailed lengths,
+    random batches of 64 pairs hold 2.3x their samples' tokens."""
+    rng = random.Random(seed)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches = []
+    span = batch_size * group_batches
+    for start in range(0, len(order), span):
+        group = sorted(order[start : start + span], key=lengths.__getitem__)
+        batches += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
+    full = [b for b in batches if len(b) == batch_size]
+    rng.shuffle(full)
+    return [i for b in full + [b for b in batches if len(b) < batch_size] for i in b]
+
+
+def _pair_lengths(dataset) -> list[int] | None:
+    """Words per pair of OpenRLHF's RewardDataset: prompt + the longer response (train_rm pads
+    chosen and rejected together); None for another dataset (SFT keeps OpenRLHF's order). A
+    word of the task is one token."""
+    if not hasattr(dataset, "chosens"):
+        return None
+    return [len(p.split()) + max(len(c.split()), len(r.split()))
+            for p, c, r in zip(dataset.prompts, dataset.chosens, dataset.rejects)]
+
+
+def _length_grouped(setup_dataloader):
+    """Wrap `DeepspeedStrategy.setup_dataloader`: train_rm's shuffled training loader (one
+    process) takes its order from `length_grouped_order`, seeded with the strategy's seed."""
+    import inspect
+
+    import torch.distributed as dist
+
+    signature = inspect.signature(setup_dataloader)
+
+    class Order(list):  # a Sampler: DataLoader only iterates it and takes its len
+        pass
+
+    def wrapper(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        lengths = _pair_lengths(a["replay_buffer"])
+        single = not dist.is_initialized() or dist.get_world_size() == 1
+        if a["shuffle"] and a["sampler"] is None and lengths is not None and single and not a["consumed_samples"]:
+            a["sampler"] = Order(length_grouped_order(lengths, a["batch_size"], self.seed))
+        return setup_dataloader(*bound.args, **bound.kwargs)
+
+    return wrapper
+
+
 def fp32_trainer_main() -> None:
     """`python -c ... MODULE FLAGS...`: run OpenRLHF's trainer MODULE as `python -m MODULE
     FLAGS...` does, with fp32 parameters. Two touch points of openrlhf 0.11.2, both read at
@@ -571,7 +639,8 @@ def fp32_trainer_main() -> None:
     `get_llm_for_sequence_regression` load in; "bf16" from the flag) and the DeepSpeed
     configs `DeepspeedStrategy` builds (`get_train_ds_config` / `get_eval_ds_config`,
     imported by name into `openrlhf.utils.deepspeed.deepspeed`): bf16 off, else DeepSpeed
-    casts the model back to bf16."""
+    casts the model back to bf16. A third, `DeepspeedStrategy.setup_dataloader`: train_rm's
+    batches grouped by length (`length_grouped_order`: a step 2x faster, see GROUP_BATCHES)."""
     import runpy
 
     import torch
@@ -581,6 +650,7 @@ def fp32_trainer_main() -> None:
     utils.convert_to_torch_dtype = lambda param_dtype: torch.float32
     strategy_module.get_train_ds_config = _without_half_precision(strategy_module.get_train_ds_config)
     strategy_module.get_eval_ds_config = _without_half_precision(strategy_module.get_eval_ds_config)
+    strategy_module.DeepspeedStrategy.setup_dataloader = _length_grouped(strategy_module.DeepspeedStrategy.setup_dataloader)
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

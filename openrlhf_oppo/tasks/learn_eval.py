@@ -6,6 +6,7 @@ runs them."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -172,6 +173,31 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
     }
 
 
+BASELINE_SAMPLES = 8
+"""Samples per RL prompt of the SFT policy's baseline (`sft_baseline`)."""
+
+
+def sft_baseline(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer,
+                 samples: int = BASELINE_SAMPLES) -> list[dict]:
+    """Per RL prompt (prompts.jsonl, in order): the SFT policy's mean learned reward and
+    exact-match rate over `samples` samples at T=1 (seed spec.seed + 1). A PPO step's reward
+    minus this baseline of the prompts it trained on measures what the policy has learned
+    rather than which prompts the step drew (`bench convergence`'s reward gain): a step of
+    long lists scores far below one of short lists, whatever the policy."""
+    prompts = _read_jsonl(assets.prompts)
+    records = [r for r in prompts for _ in range(samples)]
+    prompt_ids, response_ids = sample_policy(assets.actor, [r["input"] for r in records], spec.max_new_tokens,
+                                             spec.seed + 1)
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    rows = []
+    for k, r in enumerate(prompts):
+        own = range(k * samples, (k + 1) * samples)
+        rows.append({"input": r["input"], "reward": _mean([rewards[i] for i in own]),
+                     "exact_match": _mean([float(exact_match(r["input"], texts[i])) for i in own]), "samples": samples})
+    return rows
+
+
 def heldout_records(assets: LearnAssets, spec: LearnSpec, trained_prompts: int) -> list[dict]:
     """Up to `eval_prompts` RL prompts a PPO run with `--data.max_samples trained_prompts`
     never draws: OpenRLHF keeps the dataset's first max_samples rows, so these follow them."""
@@ -208,7 +234,8 @@ def _mean(values: list[float]) -> float | None:
 def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None, log=print) -> dict:
     """The numbers of a built (or trained) asset directory: trainer losses from TensorBoard,
     reward-model held-out accuracy and the SFT policy's samples, both in bf16 as PPO runs
-    them; with `stages`' times so far plus its own."""
+    them; with `stages`' times so far plus its own. Writes the SFT policy's baseline per RL
+    prompt (`sft_baseline`) to `assets.sft_baseline`."""
     from transformers import AutoTokenizer
 
     stages = _Stages() if stages is None else stages
@@ -217,6 +244,8 @@ def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None,
     heldout = _read_jsonl(assets.data / "rm_heldout.jsonl")
     rm_acc = stages.run("RM held-out accuracy", lambda: rm_accuracy(reward_model, tokenizer, heldout, spec.lengths), log)
     policy = stages.run("SFT policy samples", lambda: evaluate_policy(assets, spec, reward_model, tokenizer), log)
+    baseline = stages.run("SFT baseline per RL prompt", lambda: sft_baseline(assets, spec, reward_model, tokenizer), log)
+    assets.sft_baseline.write_text("".join(json.dumps(row) + "\n" for row in baseline))
     sft_loss = scalars(assets.root / "logs" / "sft", "train/gpt_loss")
     rm_loss = scalars(assets.root / "logs" / "rm", "train/loss")
     rm_eval = scalars(assets.root / "logs" / "rm", "eval/acc_mean")

@@ -196,6 +196,44 @@ def test_read_run_without_a_trace_and_with_a_foreign_prefix(tmp_path, text):
     assert "trace_trained_lengths" not in run and run["oppo/offpolicy_token_fraction"] is None
 
 
+def baseline_for(text, rewards: dict[int, float], exact: dict[int, float]) -> dict:
+    """A Baseline of the prompts of `sample` (n_words -> the SFT policy's reward / exact match)."""
+    return {sample(text, n)["prompt"]: (rewards[n], exact[n]) for n in rewards}
+
+
+def test_read_run_subtracts_the_sft_baseline_of_each_steps_prompts(tmp_path, text):
+    root = write_run(tmp_path / "oppo-s0", RUNS[("oppo", 0)], text)
+    # steps: (1 word, 1 word), then (1 word, 4 words) x 4
+    baseline = baseline_for(text, {1: 0.2, 4: -1.0}, {1: 1.0, 4: 0.0})
+    run = convergence.read_run(root, text, baseline)
+    assert run["reward_gain"] == pytest.approx([0.0 - 0.2, 0.6 + 0.4, 0.9 + 0.4, 0.9 + 0.4, 0.9 + 0.4])
+    assert run["exact_match_gain"] == pytest.approx([0.0, 0.0, 0.5, 0.5, 0.5])  # exact match 1, .5, 1, 1, 1
+    partial = convergence.read_run(root, text, baseline_for(text, {1: 0.2}, {1: 1.0}))
+    assert partial["reward_gain"] == [pytest.approx(-0.2), None, None, None, None]  # a prompt without a baseline
+    assert "reward_gain" not in convergence.read_run(root, text)
+
+
+def test_baseline_file_is_what_the_learn_build_writes(tmp_path):
+    path = tmp_path / "sft_baseline.jsonl"
+    assert convergence.load_baseline(path) is None
+    path.write_text(json.dumps({"input": "reverse: a b =>", "reward": -0.5, "exact_match": 0.25, "samples": 8}) + "\n")
+    assert convergence.load_baseline(path) == {"reverse: a b =>": (-0.5, 0.25)}
+
+
+def test_summary_of_the_gain_over_the_sft_baseline(tmp_path, text):
+    write_all(tmp_path, text)
+    baseline = baseline_for(text, {1: 0.0, 2: 0.0, 4: 0.0}, {1: 0.0, 2: 0.0, 4: 0.0})  # gain = reward
+    runs = {s: {seed: convergence.read_run(tmp_path / f"{s}-s{seed}", text, baseline) for seed in (0, 1)}
+            for s in ("sync", "oppo")}
+    summary = convergence.summarize(runs, window=3)
+    sync, oppo = summary["rows"]
+    assert oppo["final_reward_gain"] == pytest.approx(oppo["final_reward"])
+    assert oppo["gain_within_ref_band"] == oppo["within_ref_band"]
+    assert summary["per_step"]["reward_gain"]["oppo"] == summary["per_step"]["reward"]["oppo"]
+    plain = convergence.summarize(read_all(tmp_path, text), window=3)
+    assert plain["rows"][1]["gain_within_ref_band"] is None and "reward_gain" not in plain["per_step"]
+
+
 def test_summary_threshold_time_to_reward_ratios_and_seed_band(tmp_path, text):
     write_all(tmp_path, text)
     summary = convergence.summarize(read_all(tmp_path, text), window=3)
@@ -253,6 +291,11 @@ def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, c
     from openrlhf_oppo.cli import bench, train
 
     monkeypatch.setattr(train, "run", lambda argv: pytest.fail("--report-only ran a run"))
+    assets = learn.LearnAssets(tmp_path / "assets")
+    assets.data.mkdir(parents=True)
+    assets.sft_baseline.write_text("".join(json.dumps({"input": sample(text, n)["prompt"], "reward": -0.5,
+                                                       "exact_match": 0.5}) + "\n" for n in (1, 2, 4)))
+    monkeypatch.setattr(convergence, "task_root", lambda config: ("learn", assets.root))
     out = tmp_path / "bench"
     write_all(out, text)
     argv = ["convergence", "--report-only", "--seeds", "2", "--schedules", "sync", "oppo", "--output", str(out),
@@ -262,6 +305,7 @@ def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, c
     assert "threshold: 0.7500" in printed and "time-to-reward" in printed
     oppo_line = next(line for line in printed.splitlines() if line.startswith("oppo "))
     assert "2.03 [1.56-2.50]" in oppo_line and "no 0/3" in oppo_line
+    assert "+1.350 [+1.300-+1.400]" in oppo_line  # final reward 0.85 [0.8-0.9] + 0.5
     data = json.loads((out / "convergence.json").read_text())
     assert data["seeds"] == [0, 1] and set(data["runs"]) == {"sync", "oppo"}
     assert data["runs"]["oppo"]["1"]["reward"] == pytest.approx([0.3, 0.6, 0.9, 0.9, 0.6])

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -263,8 +264,53 @@ def test_openrlhf_touch_points_of_the_fp32_trainer():
     strategy = _source("openrlhf.utils.deepspeed.deepspeed")
     assert "get_eval_ds_config," in strategy and "get_train_ds_config," in strategy
     assert strategy.count("get_train_ds_config(") >= 1 and strategy.count("get_eval_ds_config(") >= 1
+    assert ("def setup_dataloader(\n        self,\n        replay_buffer,\n        batch_size: int,\n        pin_memory: bool = False,"
+            "\n        shuffle=True,\n        collate_fn=None,\n        drop_last=True,\n        sampler=None,"
+            "\n        consumed_samples=0,") in strategy
+    for trainer in ("openrlhf.cli.train_sft", "openrlhf.cli.train_rm"):  # the training loader: shuffled, no sampler
+        assert re.search(r"strategy\.setup_dataloader\(\s*train_dataset,\s*args\.train\.micro_batch_size,\s*True,\s*True,",
+                         _source(trainer))
     configs = _source("openrlhf.utils.deepspeed.deepspeed_utils")
     assert configs.count('"bf16": {') == 2 and configs.count('"fp16": {') == 2
+
+
+def test_length_grouped_order_is_a_seeded_permutation_of_similar_length_batches():
+    rng = random.Random(0)
+    lengths = [rng.choice([3, 3, 3, 5, 8, 12, 30]) + rng.randrange(3) for _ in range(1000)]
+    order = learn.length_grouped_order(lengths, batch_size=16, seed=7, group_batches=8)
+    assert sorted(order) == list(range(1000))
+    assert order == learn.length_grouped_order(lengths, 16, seed=7, group_batches=8)
+    assert order != learn.length_grouped_order(lengths, 16, seed=8, group_batches=8)
+    batches = [order[i : i + 16] for i in range(0, 992, 16)]  # 1000 = 62 full batches + 8
+    padded = sum(16 * max(lengths[i] for i in b) for b in batches)
+    random_padded = sum(16 * max(lengths[i] for i in range(k, k + 16)) for k in range(0, 992, 16))
+    assert padded < 0.6 * random_padded  # what the order is for
+    # 40 = a group of 2 full batches + a short one, which comes last (drop_last drops it)
+    # rather than between full ones, where it would shift every later batch
+    tail = learn.length_grouped_order(list(range(40)), 16, seed=0, group_batches=2)
+    assert sorted(tail) == list(range(40))
+    assert all(block == sorted(block) for block in (tail[:16], tail[16:32], tail[32:]))
+
+
+def test_length_grouped_loader_keeps_openrlhfs_other_loaders():
+    """Only train_rm's training loader (shuffled, no sampler, not resumed) is reordered."""
+    calls = []
+
+    def setup_dataloader(self, replay_buffer, batch_size: int, pin_memory: bool = False, shuffle=True,
+                         collate_fn=None, drop_last=True, sampler=None, consumed_samples=0, num_workers: int = 0):
+        calls.append(sampler)
+
+    wrapped = learn._length_grouped(setup_dataloader)
+    strategy = types.SimpleNamespace(seed=3)
+    pairs = types.SimpleNamespace(prompts=["reverse: a b =>"] * 4 + ["reverse: a =>"] * 4, chosens=[" b a"] * 8,
+                                  rejects=[" a b"] * 8)
+    wrapped(strategy, pairs, 4, True, True, None)  # train_rm's call
+    assert sorted(calls[-1]) == list(range(8)) and len(calls[-1]) == 8
+    wrapped(strategy, pairs, 4, True, False, None)  # eval: in order
+    sft = types.SimpleNamespace(prompts=pairs.prompts, responses=pairs.chosens)
+    wrapped(strategy, sft, 4, True, True, None)  # SFT keeps OpenRLHF's order
+    wrapped(strategy, pairs, 4, True, True, None, consumed_samples=4)  # resumed: OpenRLHF's sampler
+    assert calls[1:] == [None, None, None]
 
 
 def test_trainer_env_is_a_one_process_world():
