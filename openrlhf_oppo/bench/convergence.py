@@ -57,7 +57,6 @@ OFFPOLICY_KEY = "oppo/offpolicy_token_fraction"
 # tokens and is_filter_ratio exist only with an importance-sampling correction (oppo-tis);
 # kl is the actor against the reference model (OpenRLHF's `logprobs_diff` is that too)
 DRIFT_TAGS = {"vllm_kl": "train/vllm_kl", "is_filter_ratio": "train/is_filter_ratio", "ref_kl": "train/kl"}
-GAIN_KEYS = ("reward_gain", "exact_match_gain")  # a step's figure minus the SFT policy's on its prompts (learn task)
 WINDOW_STEPS = 8  # the moving average of the curves, time-to-reward and the final figures (--window)
 THRESHOLD_FRACTION = 0.9  # default threshold: this far from sync's first moving average of the reward to its best
 PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "exact_match_vs_step.png", "length_ks_vs_step.png",
@@ -391,8 +390,8 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
     """Rows per schedule and per-step series across seeds. `runs`: schedule -> seed -> run
     (a failed run holds no series: `steps` 0); the first schedule is the reference, and
     figures against it are paired seed by seed. Adds to each run its `window`-step moving
-    averages (`reward_ma`, `exact_match_ma`, and `reward_gain_ma` / `exact_match_gain_ma`
-    where runs hold gains over the SFT baseline): one step's 32-odd samples of a few prompts
+    averages (`reward_ma`, `exact_match_ma`, and `reward_gain_ma` where runs hold the gain over
+    the SFT baseline): one step's 32-odd samples of a few prompts
     are too few to compare schedules by."""
     ref = next(iter(runs))
     good = {s: {seed: r for seed, r in by_seed.items() if r.get("steps")} for s, by_seed in runs.items()}
@@ -400,9 +399,8 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
         for r in by_seed.values():
             r["reward_ma"] = moving_average(r["reward"], window)
             r["exact_match_ma"] = moving_average(r.get("exact_match") or [], window)
-            for key in GAIN_KEYS:
-                if r.get(key):
-                    r[f"{key}_ma"] = moving_average(r[key], window)
+            if r.get("reward_gain"):
+                r["reward_gain_ma"] = moving_average(r["reward_gain"], window)
     default_thr, per_seed_thr = sync_threshold(list(good[ref].values()), window=window)
     thr = threshold if threshold is not None else default_thr
     thr_how = (f"given (--threshold {threshold})" if threshold is not None else

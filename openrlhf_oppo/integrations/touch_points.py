@@ -78,6 +78,7 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.cli.train_sft", "called", "tasks.learn"),
     _T("openrlhf.cli.train_rm", "called", "tasks.learn"),
     _T("openrlhf.utils.utils.convert_to_torch_dtype", "patched", "tasks.learn"),
+    _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn"),
     _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn"),
 )
 

@@ -616,9 +616,6 @@ def _length_grouped(setup_dataloader):
 
     signature = inspect.signature(setup_dataloader)
 
-    class Order(list):  # a Sampler: DataLoader only iterates it and takes its len
-        pass
-
     def wrapper(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
@@ -626,7 +623,7 @@ def _length_grouped(setup_dataloader):
         lengths = _pair_lengths(a["replay_buffer"])
         single = not dist.is_initialized() or dist.get_world_size() == 1
         if a["shuffle"] and a["sampler"] is None and lengths is not None and single and not a["consumed_samples"]:
-            a["sampler"] = Order(length_grouped_order(lengths, a["batch_size"], self.seed))
+            a["sampler"] = length_grouped_order(lengths, a["batch_size"], self.seed)  # DataLoader takes any iterable
         return setup_dataloader(*bound.args, **bound.kwargs)
 
     return wrapper

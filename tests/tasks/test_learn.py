@@ -360,6 +360,11 @@ def test_build_through_openrlhf_trainers_on_cpu(tmp_path):
     assert summary["sft_steps"] == 4 and summary["rm_steps"] == (32 + policy_pairs) // 16
     assert 0.0 <= summary["rm_heldout_accuracy"] <= 1.0
     assert summary["sft_policy"]["prompts"] == 8
+    # the SFT baseline: every RL prompt, in order, 8 samples each
+    baseline = [json.loads(line) for line in assets.sft_baseline.read_text().splitlines()]
+    prompts = [json.loads(line)["input"] for line in assets.prompts.read_text().splitlines()]
+    assert [row["input"] for row in baseline] == prompts and len(prompts) == SMOKE.rl_prompts
+    assert all(row["samples"] == 8 and 0.0 <= row["exact_match"] <= 1.0 for row in baseline)
     # the reward model is in OpenRLHF's layout, as PPO's --reward.model_name_or_path loads it
     config = json.loads((assets.reward / "config.json").read_text())
     assert config["value_head_prefix"] == "score" and "mean" in config
