@@ -582,8 +582,9 @@ def length_grouped_order(lengths: list[int], batch_size: int, seed: int, group_b
     holds samples of similar length (the idea of transformers' `group_by_length`): a random
     permutation cut into groups of group_batches batches, each group sorted by length and cut
     into batches, the full batches shuffled and a short one (at most one, of the last group)
-    put last. A batch is padded to its longest sample; with the task's long-tailed lengths,
-    random batches of 64 pairs hold 2.3x their samples' tokens."""
+    put last. A batch is padded to its longest sample: with the task's long-tailed lengths,
+    random batches of 64 reward-model pairs hold 3.8x their pairs' tokens, groups of 4
+    batches 1.6x."""
     rng = random.Random(seed)
     order = list(range(len(lengths)))
     rng.shuffle(order)
