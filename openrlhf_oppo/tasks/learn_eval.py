@@ -20,8 +20,20 @@ from openrlhf_oppo.tasks.learn import (
     _Stages,
     exact_match,
     parse_prompt,
-    scalars,
 )
+
+
+def scalars(log_dir: Path, tag: str) -> list[float]:
+    """One TensorBoard scalar series (by step) from the event files under `log_dir`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, float] = {}
+    for events in sorted(log_dir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            values.update({e.step: e.value for e in acc.Scalars(tag)})
+    return [values[s] for s in sorted(values)]
 
 
 def load_reward_model(path: Path):
