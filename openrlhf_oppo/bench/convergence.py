@@ -700,10 +700,13 @@ def main(argv: list[str] | None = None) -> int:
     if text is None:
         print(f"[bench convergence] no tokenizer at {tokenizer}: no response lengths, exact match or KS", flush=True)
     variant, assets_root = task_root(args.config)
-    baseline = load_baseline(learn.LearnAssets(assets_root).sft_baseline) if variant == "learn" else None
-    if variant == "learn" and baseline is None:
-        print(f"[bench convergence] no {learn.LearnAssets(assets_root).sft_baseline} (assets built before it existed: "
-              "openrlhf-oppo prepare --variant learn --force): no reward gain over the SFT policy", flush=True)
+    baseline = None
+    if variant == "learn":
+        baseline_path = learn.LearnAssets(assets_root).sft_baseline
+        baseline = load_baseline(baseline_path)
+        if baseline is None:
+            print(f"[bench convergence] no {baseline_path} (assets built before it existed: openrlhf-oppo prepare "
+                  "--variant learn --force): no reward gain over the SFT policy", flush=True)
     for name, by_seed in results.items():
         for seed, result in by_seed.items():
             if result["returncode"] == 0:

@@ -220,8 +220,6 @@ PATCHES: tuple[Patch, ...] = (
     Patch("seeded_prompt_order", "openrlhf.trainer.ppo_trainer", seeded_prompt_order, f"openrlhf {OPENRLHF_VERSION}"),
     Patch("master_port_outside_ephemeral_range", "openrlhf.trainer.ray.launcher", master_port_outside_ephemeral_range,
           f"openrlhf {OPENRLHF_VERSION}"),
-    Patch("dataset_columns_as_lists", "openrlhf.datasets.reward_dataset", dataset_columns_as_lists,
-          f"openrlhf {OPENRLHF_VERSION}, datasets >= 4"),
-    Patch("dataset_columns_as_lists", "openrlhf.datasets.sft_dataset", dataset_columns_as_lists,
-          f"openrlhf {OPENRLHF_VERSION}, datasets >= 4"),
+    *(Patch("dataset_columns_as_lists", f"openrlhf.datasets.{module}", dataset_columns_as_lists,
+            f"openrlhf {OPENRLHF_VERSION}, datasets >= 4") for module in ("reward_dataset", "sft_dataset")),
 )

@@ -140,6 +140,15 @@ def auc(positives: list[float], negatives: list[float]) -> float | None:
     return wins / (len(positives) * len(negatives))
 
 
+def _scored_samples(actor: Path, records: list[dict], spec: LearnSpec, seed: int, reward_model, tokenizer):
+    """One sample per record of the policy at `actor` (`sample_policy`, seeded): prompt ids,
+    response ids, the decoded responses and their learned rewards."""
+    prompt_ids, response_ids = sample_policy(actor, [r["input"] for r in records], spec.max_new_tokens, seed)
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    return prompt_ids, response_ids, texts, rewards
+
+
 def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer, actor: Path | None = None,
                     records: list[dict] | None = None, samples_per_prompt: int = 1) -> dict:
     """A policy (default: the SFT actor) on RL prompts (default: the first `eval_prompts`):
@@ -152,11 +161,9 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
     prompts = _read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
     records = [r for r in prompts for _ in range(samples_per_prompt)]
     seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
-    prompt_ids, response_ids = sample_policy(actor or assets.actor, [r["input"] for r in records],
-                                             spec.max_new_tokens, spec.seed)
-    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    prompt_ids, response_ids, texts, rewards = _scored_samples(actor or assets.actor, records, spec, spec.seed,
+                                                               reward_model, tokenizer)
     correct = [exact_match(r["input"], t) for r, t in zip(records, texts)]
-    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
     gold_ids = [tokenizer(f" {r['label']}{tokenizer.eos_token}", add_special_tokens=False)["input_ids"]
                 for r in records]
     gold_rewards = score(reward_model, tokenizer, [p + g for p, g in zip(prompt_ids, gold_ids)])
@@ -198,10 +205,7 @@ def sft_baseline(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer,
     long lists scores far below one of short lists, whatever the policy."""
     prompts = _read_jsonl(assets.prompts)
     records = [r for r in prompts for _ in range(samples)]
-    prompt_ids, response_ids = sample_policy(assets.actor, [r["input"] for r in records], spec.max_new_tokens,
-                                             spec.seed + 1)
-    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    _, _, texts, rewards = _scored_samples(assets.actor, records, spec, spec.seed + 1, reward_model, tokenizer)
     rows = []
     for k, r in enumerate(prompts):
         own = range(k * samples, (k + 1) * samples)
