@@ -47,7 +47,7 @@ from typing import Protocol
 
 from openrlhf_oppo import timeline
 from openrlhf_oppo.bench.schedules import STEP_TAG, stopped, tensorboard_scalars
-from openrlhf_oppo.integrations.schedules import SCHEDULES
+from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 from openrlhf_oppo.tasks import learn
 
 DEFAULT_SCHEDULES = ("sync", "partial", "oppo", "oppo-tis")
@@ -67,7 +67,7 @@ Spread = tuple  # (median, min, max), all None when there is nothing
 
 @dataclass(frozen=True)
 class Variant:
-    """What a name on --schedules runs: a schedule of integrations.schedules plus flags."""
+    """What a name on --schedules runs: a schedule of integrations.launch.schedules plus flags."""
 
     schedule: str
     flags: tuple[str, ...] = ()
@@ -615,7 +615,7 @@ def _interp(curve: list[tuple[float, float]], t: float) -> float:
 def task_root(config_path: str) -> tuple[str, Path]:
     """(variant, assets directory) of the config's task."""
     from openrlhf_oppo import tasks
-    from openrlhf_oppo.integrations import yaml_config
+    from openrlhf_oppo.integrations.launch import yaml_config
 
     task = yaml_config.load(config_path).task
     variant = task.get("variant", "tiny")

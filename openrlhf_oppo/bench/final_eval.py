@@ -20,7 +20,7 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
     the same prompts no run trained on (`tasks.learn_eval.heldout_records`), SAMPLES_PER_PROMPT
     samples each at temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word
     lists), mean learned reward, median response length. None for another task."""
-    from openrlhf_oppo.integrations import yaml_config
+    from openrlhf_oppo.integrations.launch import yaml_config
 
     variant, root = task_root(config_path)
     if variant not in learn.VARIANTS:

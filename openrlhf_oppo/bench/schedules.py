@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.integrations.schedules import SCHEDULES
+from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
 STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
 DEFAULT_SCHEDULES = ("sync", "async", "partial", "oversample", "oppo-intra", "oppo-inter", "oppo-fixed", "oppo")

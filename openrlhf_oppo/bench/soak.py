@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     returncode = 0
     if not args.report_only:
         from openrlhf_oppo.cli import train
-        from openrlhf_oppo.integrations import yaml_config
+        from openrlhf_oppo.integrations.launch import yaml_config
 
         flags = yaml_config.load(args.config).flags
         max_samples, episodes = data_flags(args.steps, int(flags.get("rollout.batch_size", 1)), prompt_count(flags))

@@ -1,7 +1,7 @@
 """`openrlhf-oppo train --schedule sync --config configs/tiny-cpu.yaml [-- extra OpenRLHF flags]`
 
 Translates the YAML into OpenRLHF 0.11.2's own dotted flags, adds the schedule's
-flags (see openrlhf_oppo.integrations.schedules) and runs OpenRLHF's
+flags (see openrlhf_oppo.integrations.launch.schedules) and runs OpenRLHF's
 `train_ppo_ray` unmodified, with the CPU compat layer where CUDA is absent.
 Progress and metrics are OpenRLHF's (stdout, TensorBoard under <output>/tensorboard,
 wandb offline when configured without a key).
@@ -13,7 +13,7 @@ import argparse
 import re
 from pathlib import Path
 
-from openrlhf_oppo.integrations.schedules import SCHEDULES
+from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
 def run(argv: list[str]):
     """`main` returning the launcher's RunResult (exit code, wall time, run paths)."""
     args = _parser().parse_args(argv)
-    from openrlhf_oppo.integrations import launcher, preflight, schedules, yaml_config
+    from openrlhf_oppo.integrations.launch import launcher, preflight, schedules, yaml_config
 
     schedule = schedules.check(args.schedule)
     config = yaml_config.load(args.config)

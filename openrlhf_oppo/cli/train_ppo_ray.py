@@ -138,7 +138,7 @@ def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
         raise ValueError("--config and --oppo.config both name OPPO's settings: put them under `oppo:` in the --config file")
     base, preset_argv = oppo_config.OppoConfig(), []
     if known.preset:
-        from openrlhf_oppo.integrations import yaml_config
+        from openrlhf_oppo.integrations.launch import yaml_config
 
         preset = yaml_config.load(known.preset)
         if preset.task:
@@ -192,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from openrlhf_oppo.integrations import wandb_offline
-    from openrlhf_oppo.integrations.oppo_generator import CONFIG_ENV
-    from openrlhf_oppo.integrations.oppo_trainer import patch_driver
+    from openrlhf_oppo.integrations.launch import wandb_offline
+    from openrlhf_oppo.integrations.runtime.generator import CONFIG_ENV
+    from openrlhf_oppo.integrations.runtime.trainer import patch_driver
 
     os.environ[CONFIG_ENV] = json.dumps(oppo_config.to_dict(cfg))
     wandb_flags, wandb_env = wandb_offline.wandb_settings(wandb_offline.argv_flags(rest), os.environ)

@@ -32,6 +32,6 @@ def run() -> None:
         # (torch is imported by then); here we only register them.
         install_hooks(PATCHES)
     if os.environ.get("OPPO_TIMELINE_DIR"):
-        from openrlhf_oppo.integrations.timeline_hooks import PATCHES as TIMELINE_PATCHES
+        from openrlhf_oppo.integrations.runtime.timeline_hooks import PATCHES as TIMELINE_PATCHES
 
         install_hooks(TIMELINE_PATCHES)

@@ -12,9 +12,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from openrlhf_oppo.integrations import seeding
+from openrlhf_oppo.integrations.runtime import seeding
+from openrlhf_oppo.upstream import OPENRLHF_VERSION
 
-OPENRLHF_VERSION = "0.11.2"
 DEEPSPEED_VERSION = "0.19.6"
 VLLM_VERSION = "0.29.0"
 TORCH_VERSION = "2.13.0"
@@ -181,7 +181,7 @@ def dataset_columns_as_lists(module) -> None:
         cls.__init__ = functools.wraps(original_init)(__init__)
 
 
-# Not CPU workarounds: seeded rollouts for OpenRLHF's own schedules (integrations.seeding),
+# Not CPU workarounds: seeded rollouts for OpenRLHF's own schedules (integrations.runtime.seeding),
 # carried by the compat layer's hooks, so present where it is.
 seeded_rollouts_driver = _gated(seeding.seeded_rollouts_driver)
 seeded_rollouts_engine = _gated(seeding.seeded_rollouts_engine)

@@ -1,12 +1,10 @@
-"""Every point where openrlhf_oppo touches OpenRLHF (written against 0.11.2):
+"""Where openrlhf_oppo meets OpenRLHF (written against the release in `openrlhf_oppo.upstream`),
+split by the process the code runs in:
 
-    openrlhf_flags    the flag table of `openrlhf.cli.train_ppo_ray`, read from its source
-    schedules         schedule name -> OpenRLHF flags (sync, async, partial, oversample, ...)
-    yaml_config       our YAML -> OpenRLHF's own dotted flags
-    launcher          runs `python -m openrlhf.cli.train_ppo_ray` unmodified (+ compat on CPU)
-    seeding           per-request vLLM seeds under --train.full_determinism_enable (every schedule)
+    launch/    the launcher and the Ray driver's set-up: flags, YAML, schedules, input checks,
+               wandb; imports neither ray nor torch at module level (a test enforces it)
+    runtime/   what runs inside Ray actors: the trainer, the samples generator and its
+               collaborators, the streaming rollout and reward actors, seeding, timeline hooks
 
-The CPU-only patches of OpenRLHF internals live in `openrlhf_oppo.compat.patches`.
+The CPU-only patches of OpenRLHF internals live in `openrlhf_oppo.compat`.
 """
-
-OPENRLHF_VERSION = "0.11.2"

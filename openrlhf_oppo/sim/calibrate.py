@@ -1,7 +1,7 @@
 """`openrlhf-oppo simulate calibrate RUN_DIR... --output FILE`: this machine's costs from real runs.
 
 Reads each run's timeline (`openrlhf_oppo.timeline`; stage names of
-`integrations.timeline_hooks`) and its `rollouts.jsonl`, and writes a preset whose
+`integrations.runtime.timeline_hooks`) and its `rollouts.jsonl`, and writes a preset whose
 `costs`, `efficiency` overheads and `lengths` come from them (the split, workload and
 `oppo:` section are the `--base` preset's):
 

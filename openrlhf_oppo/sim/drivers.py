@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from openrlhf_oppo import config as oppo_config_module
 from openrlhf_oppo.core import OverlapScheduler, StepStats
-from openrlhf_oppo.integrations.schedules import oppo_config as schedule_oppo_config
+from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import EventLoop, Recorder, Request, Rollout, Scorer
 from openrlhf_oppo.sim.lengths import LengthSampler

@@ -70,7 +70,7 @@ def train_runs(tmp_path_factory, tiny_assets):
 @pytest.fixture(scope="session")
 def sync_run(train_runs):
     """`--schedule sync` with per-request vLLM seeds and a seeded prompt order
-    (integrations.seeding): what the sync tests read, and the baseline that OPPO at
+    (integrations.runtime.seeding): what the sync tests read, and the baseline that OPPO at
     Δ=0 without streaming must reproduce."""
     run = train_runs("sync", "--train.full_determinism_enable")
     assert run.returncode == 0, run.failure()

@@ -1,4 +1,4 @@
-"""Crash injection with real Ray (`openrlhf_oppo.integrations.faults`), end to end on CPU.
+"""Crash injection with real Ray (`openrlhf_oppo.integrations.runtime.faults`), end to end on CPU.
 
 One `openrlhf-oppo train --restarts 3` run checkpoints every second step. Its streaming
 reward actor is killed in the middle of step 1 (Ray restarts it; the driver re-prefills

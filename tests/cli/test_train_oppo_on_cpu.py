@@ -113,7 +113,7 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
     assert compared >= 12
 
 
-# as the `sync_run` fixture's baseline: seeded requests and prompt order (integrations.seeding)
+# as the `sync_run` fixture's baseline: seeded requests and prompt order (integrations.runtime.seeding)
 SYNC_LIKE = ("--oppo.delta.enable", "false", "--oppo.streaming.enable", "false", "--train.full_determinism_enable")
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from openrlhf_oppo import compat
 from openrlhf_oppo.compat import caches
-from openrlhf_oppo.integrations import launcher
+from openrlhf_oppo.integrations.launch import launcher
 
 KEY = "cabc2defghijklmnopqrstuvwxyz"
 

@@ -161,7 +161,7 @@ def test_the_driver_runtime_env_leaves_out_what_the_submitted_job_sets():
 
 
 def test_wandb_without_a_key_is_offline_unless_wandb_api_key_is_set():
-    from openrlhf_oppo.integrations.wandb_offline import PLACEHOLDER_KEY, argv_flags, wandb_settings
+    from openrlhf_oppo.integrations.launch.wandb_offline import PLACEHOLDER_KEY, argv_flags, wandb_settings
 
     flags = argv_flags(["--actor.model_name_or_path", "m", "--logger.wandb.project", "p", "--logger.wandb.run_name=r"])
     assert flags == {"logger.wandb.project": "p", "logger.wandb.run_name": "r"}

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from openrlhf_oppo.integrations.guards import NonFiniteError, check_experiences, check_losses
+from openrlhf_oppo.integrations.runtime.guards import NonFiniteError, check_experiences, check_losses
 
 
 def experience(values, mask, rewards):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from openrlhf_oppo.integrations import launcher
+from openrlhf_oppo.integrations.launch import launcher
 
 ENTRY = '''
 import sys

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.integrations.openrlhf_flags import namespaces, parse_flags, resolve, train_flags
+from openrlhf_oppo.integrations.launch.openrlhf_flags import namespaces, parse_flags, resolve, train_flags
 
 
 def test_flags_the_schedules_and_tiny_config_rely_on_exist_upstream():

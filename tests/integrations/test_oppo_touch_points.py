@@ -73,7 +73,7 @@ def test_generator_contract():
 def test_patch_driver_swaps_the_classes(stream_rewards):
     from openrlhf.trainer.ray import launcher
 
-    from openrlhf_oppo.integrations import oppo_trainer
+    from openrlhf_oppo.integrations.runtime import trainer as oppo_trainer
 
     saved = ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor
     try:
@@ -101,7 +101,7 @@ def test_openrlhfs_reward_group_is_built_from_the_launcher_module_name_and_place
     assert "RewardModelActor,\n            pg=pg,\n            num_gpus_per_actor=0.2 if pg else 1," in train_src
     assert "reward_model.async_init_model_from_pretrained(strategy, args.reward.model_name_or_path)" in train_src
     assert "self._actor_handlers" in inspect.getsource(launcher.RayActorGroup._initiate_actors)
-    from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardModelActor
+    from openrlhf_oppo.integrations.runtime.scorer import StreamingRewardModelActor
 
     assert issubclass(StreamingRewardModelActor, launcher.BaseModelActor)
     init = launcher.RewardModelActor.__ray_metadata__.modified_class.init_model_from_pretrained
@@ -150,7 +150,7 @@ def _prompt_loader(seed: int):
 
 
 def test_prompt_stream_draws_openrlhfs_prompt_order_and_resumes_from_the_dataloader_state():
-    from openrlhf_oppo.integrations.oppo_generator import PromptStream
+    from openrlhf_oppo.integrations.runtime.generator import PromptStream
 
     stream = PromptStream(_prompt_loader(42))
     drawn = [stream.next() for _ in range(12)]
@@ -223,7 +223,7 @@ REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
 @pytest.mark.parametrize("flag, message, beside", REFUSALS, ids=[r[0][0] for r in REFUSALS])
 def test_every_refused_flag_is_openrlhfs_and_is_refused_by_name(flag, message, beside):
     from openrlhf_oppo.cli import train_ppo_ray
-    from openrlhf_oppo.integrations.openrlhf_flags import train_flags
+    from openrlhf_oppo.integrations.launch.openrlhf_flags import train_flags
 
     assert flag[0][2:] in train_flags(), f"{flag[0]} is not a flag of OpenRLHF's train_ppo_ray"
     cfg, rest = train_ppo_ray.parse(beside + flag)

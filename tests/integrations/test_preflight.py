@@ -1,4 +1,4 @@
-"""Input checks before launch (integrations.preflight): each bad input is an error
+"""Input checks before launch (integrations.launch.preflight): each bad input is an error
 naming the flag, file or row; long prompts are counted in RUN_DIR/preflight.json.
 Tokenizers are built in code (tiny BPE and word-level); no model, no Ray."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openrlhf_oppo.integrations import preflight, yaml_config
-from openrlhf_oppo.integrations.schedules import SCHEDULES
+from openrlhf_oppo.integrations.launch import preflight, yaml_config
+from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 from openrlhf_oppo.tasks import tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -239,7 +239,7 @@ def test_delta_max_above_the_rollout_batch_is_refused_with_both_flags(flags):
 def test_shipped_configs_pass(config):
     cfg = yaml_config.load(REPO / "configs" / config)
     from openrlhf_oppo.config import to_cli_args
-    from openrlhf_oppo.integrations import schedules
+    from openrlhf_oppo.integrations.launch import schedules
 
     for name in SCHEDULES:
         oppo = schedules.oppo_config(name, cfg.oppo)
@@ -263,7 +263,7 @@ def _config_with(tmp_path, flags) -> str:
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_every_schedule_runs_the_checks_before_launch(flags, tmp_path, monkeypatch, schedule):
     from openrlhf_oppo.cli.main import main
-    from openrlhf_oppo.integrations import launcher
+    from openrlhf_oppo.integrations.launch import launcher
 
     launched = []
     monkeypatch.setattr(launcher, "launch", lambda flags, paths, *a, **k: launched.append(paths) or
@@ -275,7 +275,7 @@ def test_every_schedule_runs_the_checks_before_launch(flags, tmp_path, monkeypat
 
 def test_cli_error_is_one_line_and_nothing_is_launched(flags, tmp_path, monkeypatch, capsys):
     from openrlhf_oppo.cli.main import main
-    from openrlhf_oppo.integrations import launcher
+    from openrlhf_oppo.integrations.launch import launcher
 
     launched = []
     monkeypatch.setattr(launcher, "launch", lambda flags, paths, *a, **k: launched.append(paths) or

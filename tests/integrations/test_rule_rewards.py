@@ -18,7 +18,7 @@ from openrlhf_oppo import compat
 compat.apply()
 agent = pytest.importorskip("openrlhf.utils.agent")
 
-from openrlhf_oppo.integrations.oppo_rollout import OppoRolloutActor, SampleRequest  # noqa: E402
+from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutActor, SampleRequest  # noqa: E402
 
 
 class _Tokenizer:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from openrlhf_oppo import compat
-from openrlhf_oppo.integrations.seeding import SEED_KEY, request_seed
+from openrlhf_oppo.integrations.runtime.seeding import SEED_KEY, request_seed
 
 compat.apply()
 
@@ -111,7 +111,7 @@ def test_engine_leaves_untagged_requests_to_the_engine_rng():
 def test_prompt_order_seed_comes_from_train_seed_under_full_determinism():
     import torch
 
-    from openrlhf_oppo.integrations import seeding
+    from openrlhf_oppo.integrations.runtime import seeding
 
     def prepare(strategy, tokenizer):  # as OpenRLHF's RandomSampler draws its shuffle seed
         return int(torch.empty((), dtype=torch.int64).random_().item())

@@ -13,7 +13,7 @@ import importlib
 import pytest
 
 from openrlhf_oppo import compat, timeline
-from openrlhf_oppo.integrations import timeline_hooks
+from openrlhf_oppo.integrations.runtime import timeline_hooks
 
 compat.apply()
 pytest.importorskip("openrlhf.trainer.ppo_trainer")

@@ -10,7 +10,8 @@ import pytest
 
 from openrlhf_oppo import compat
 from openrlhf_oppo.compat import patches
-from openrlhf_oppo.integrations import timeline_hooks, touch_points
+from openrlhf_oppo.integrations.runtime import timeline_hooks
+from openrlhf_oppo import upstream as touch_points
 
 compat.apply()  # the flash-attn stand-in, where CUDA is absent
 PACKAGE = Path(touch_points.__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ def test_a_renamed_symbol_is_reported_by_name(monkeypatch):
 
     monkeypatch.delattr(launcher, "BaseModelActor")
     (problem,) = touch_points.missing()
-    assert problem.startswith("openrlhf.trainer.ray.launcher.BaseModelActor (subclassed by openrlhf_oppo.integrations.oppo_scorer)")
+    assert problem.startswith("openrlhf.trainer.ray.launcher.BaseModelActor (subclassed by openrlhf_oppo.integrations.runtime.scorer)")
 
 
 def _listed(symbol: str) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_oppo.integrations import schedules, yaml_config
+from openrlhf_oppo.integrations.launch import schedules, yaml_config
 
 REPO = Path(__file__).resolve().parents[2]
 

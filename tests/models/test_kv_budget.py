@@ -63,7 +63,7 @@ def _actor(path, kv_budget_tokens=0, scorers_per_host=1):
     from openrlhf_oppo import compat
 
     compat.apply()  # oppo_scorer imports openrlhf, whose model module imports flash_attn
-    from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardActor
+    from openrlhf_oppo.integrations.runtime.scorer import StreamingRewardActor
 
     return StreamingRewardActor(str(path), kv_budget_tokens, False, "score", scorers_per_host)
 

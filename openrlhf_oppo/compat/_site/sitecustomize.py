@@ -3,7 +3,7 @@ launcher puts this directory first on PYTHONPATH). Cheap: it does not import tor
 the patches run only when their target modules are imported.
 
     OPPO_COMPAT=1          the CPU compat layer (openrlhf_oppo.compat), where CUDA is absent
-    OPPO_TIMELINE_DIR=...  timeline spans of OpenRLHF's stages (integrations.timeline_hooks)
+    OPPO_TIMELINE_DIR=...  timeline spans of OpenRLHF's stages (integrations.runtime.timeline_hooks)
 """
 
 import os

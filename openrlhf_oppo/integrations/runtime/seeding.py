@@ -31,6 +31,8 @@ import json
 import os
 from copy import deepcopy
 
+from openrlhf_oppo.upstream import unwrap_ray_actor
+
 SEED_KEY = "oppo_seed"  # SamplingParams.extra_args key: [run seed, step, slot]
 ROLLOUTS_ENV = "OPPO_ROLLOUTS_JSONL"  # every schedule: each step's trained samples, one JSON line
 
@@ -120,8 +122,7 @@ def seeded_prompt_order(module) -> None:
 def seeded_rollouts_engine(module) -> None:
     """openrlhf 0.11.2 `RolloutRayActor.generate_responses` (engine side): a request
     tagged by `seeded_rollouts_driver` runs its n samples with their own seeds."""
-    actor_cls = module.RolloutRayActor.__ray_metadata__.modified_class
-    cls = actor_cls.__mro__[1]  # the class under @ray.remote (OPPO's rollout actor subclasses it)
+    cls = unwrap_ray_actor(module.RolloutRayActor)  # OPPO's rollout actor subclasses it
     generate = cls.generate_responses
 
     @functools.wraps(generate)

@@ -32,8 +32,8 @@ from typing import Iterator
 
 from openrlhf_oppo import timeline
 from openrlhf_oppo.compat.patches import Patch
+from openrlhf_oppo.upstream import OPENRLHF_VERSION, ray_actor_classes
 
-OPENRLHF_VERSION = "0.11.2"
 
 
 def _classes(owner) -> list:
@@ -41,8 +41,7 @@ def _classes(owner) -> list:
     @ray.remote and Ray's subclass that holds a wrapper of every method."""
     if not hasattr(owner, "__ray_metadata__"):  # a plain class
         return [owner]
-    actor_cls = owner.__ray_metadata__.modified_class
-    return [actor_cls.__mro__[1], actor_cls]
+    return list(ray_actor_classes(owner))
 
 
 def _wrap(owner, name: str, wrapper_factory) -> None:
@@ -147,7 +146,7 @@ def ppo_trainer(module) -> None:
     _wrap(base, "train_step", _train_step)
     # @ray.remote wrapped PPOTrainer's inherited methods when the module ran: point
     # its actor class at the timed ones (subclasses made later inherit them)
-    actor_cls = module.PPOTrainer.__ray_metadata__.modified_class
+    actor_cls = ray_actor_classes(module.PPOTrainer)[1]
     for name in ("ppo_train", "broadcast_to_vllm", "train_step"):
         setattr(actor_cls, name, getattr(base, name))
 

@@ -26,9 +26,10 @@ from typing import Any
 from openrlhf_oppo import compat, timeline
 from openrlhf_oppo.compat import caches, weight_sync
 from openrlhf_oppo.core import ledger
-from openrlhf_oppo.integrations import seeding, wandb_offline
-from openrlhf_oppo.integrations.openrlhf_flags import TRAIN_MODULE
-from openrlhf_oppo.integrations.yaml_config import to_argv
+from openrlhf_oppo.integrations.launch import wandb_offline
+from openrlhf_oppo.integrations.runtime import seeding
+from openrlhf_oppo.integrations.launch.openrlhf_flags import TRAIN_MODULE
+from openrlhf_oppo.integrations.launch.yaml_config import to_argv
 
 PROBE_TEXT = "question: red cat answer:"
 
@@ -87,7 +88,7 @@ class RunPaths:
 
     @property
     def preflight(self) -> Path:
-        return self.root / "preflight.json"  # input checks before launch (integrations.preflight)
+        return self.root / "preflight.json"  # input checks before launch (integrations.launch.preflight)
 
 
 @dataclass(frozen=True)

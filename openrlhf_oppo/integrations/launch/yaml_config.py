@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrlhf_oppo.integrations.openrlhf_flags import Flag, namespaces, train_flags
+from openrlhf_oppo.integrations.launch.openrlhf_flags import Flag, namespaces, train_flags
 
 OUR_SECTIONS = ("task", "oppo")
 TASK_KEYS = ("assets", "variant")

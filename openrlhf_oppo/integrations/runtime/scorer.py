@@ -102,7 +102,7 @@ class StreamingRewardModelActor(BaseModelActor):
     def init_model_from_pretrained(self, strategy, pretrain: str) -> None:
         import torch
 
-        from openrlhf_oppo.integrations.oppo_generator import config_from_env
+        from openrlhf_oppo.integrations.runtime.generator import config_from_env
 
         args, oppo = strategy.args, config_from_env()
         if not isinstance(pretrain, str) or "," in pretrain:

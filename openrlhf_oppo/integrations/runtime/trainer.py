@@ -38,12 +38,11 @@ from openrlhf.trainer import ppo_trainer as _ppo_trainer
 from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
-from openrlhf_oppo.integrations import faults, guards
-from openrlhf_oppo.integrations.oppo_generator import OppoSamplesGenerator
-from openrlhf_oppo.integrations.oppo_rollout import OppoRolloutRayActor
-from openrlhf_oppo.integrations.oppo_scorer import StreamingRewardModelRayActor
+from openrlhf_oppo.integrations.runtime import faults, guards
+from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
+from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
+from openrlhf_oppo.integrations.runtime.scorer import StreamingRewardModelRayActor
 
-OPENRLHF_VERSION = "0.11.2"
 METRICS_JSONL_ENV = "OPPO_METRICS_JSONL"
 STATE_KEY = "oppo_generator"
 
@@ -54,7 +53,7 @@ class StopRequested(RuntimeError):
     """The launcher was asked to stop (SIGTERM/SIGINT): the step ended and a checkpoint was written."""
 
 
-_BASE = _ppo_trainer.PPOTrainer.__ray_metadata__.modified_class.__mro__[1]  # the class under @ray.remote
+_BASE = unwrap_ray_actor(_ppo_trainer.PPOTrainer)
 
 
 class OppoPPOTrainerImpl(_BASE):

@@ -28,8 +28,9 @@ import ray
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.upstream import unwrap_ray_actor
 
-_BASE = _vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__mro__[1]  # the class under @ray.remote
+_BASE = unwrap_ray_actor(_vllm_engine.RolloutRayActor)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class SampleRequest:
     prompt_ids: list[int]
     held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
     max_tokens: int  # response budget, held tokens included
-    seed: int | None = None  # vLLM per-request seed (integrations.seeding); None: the engine's RNG
+    seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
     # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
     reward_query: tuple[str, str] | None = None
 
@@ -82,7 +83,7 @@ class OppoRolloutActor(_BASE):
 
     async def abort_one(self) -> int | None:
         """Abort one request still decoding, as vLLM aborts a request (crash injection,
-        `integrations.faults`); its sample id, or None when none decodes."""
+        `integrations.runtime.faults`); its sample id, or None when none decodes."""
         for sid, rid in list(self._request_ids.items()):
             await self.llm.abort(rid)
             return sid

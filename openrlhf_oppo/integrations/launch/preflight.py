@@ -33,7 +33,7 @@ def _note(message: str) -> None:
 def resolve(flags: dict[str, Any], extra_argv: list[str], oppo: bool):
     """({OpenRLHF flag: value} as the child's parser will see them, the final
     OppoConfig or None). `extra_argv`: the `--oppo.*` flags and the ones after `--`."""
-    from openrlhf_oppo.integrations import openrlhf_flags, yaml_config
+    from openrlhf_oppo.integrations.launch import openrlhf_flags, yaml_config
 
     cfg, rest = None, list(extra_argv)
     if oppo:

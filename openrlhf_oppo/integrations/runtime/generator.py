@@ -39,11 +39,11 @@ from vllm import SamplingParams
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import timeline
 from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch, ledger
-from openrlhf_oppo.integrations.oppo_rollout import SampleDelta, SampleRequest
-from openrlhf_oppo.integrations.oppo_scorer import SCORER_RESTARTS
-from openrlhf_oppo.integrations.oppo_trace import write_trace
-from openrlhf_oppo.integrations.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
-from openrlhf_oppo.integrations import faults, timeline_hooks
+from openrlhf_oppo.integrations.runtime.rollout import SampleDelta, SampleRequest
+from openrlhf_oppo.integrations.runtime.scorer import SCORER_RESTARTS
+from openrlhf_oppo.integrations.runtime.trace import write_trace
+from openrlhf_oppo.integrations.runtime.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
+from openrlhf_oppo.integrations.runtime import faults, timeline_hooks
 
 CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
 TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
@@ -325,7 +325,7 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     def _seed(self, slot: int, prompt: str, sample_index: int) -> int | None:
         """vLLM seed of a request started now (`--train.full_determinism_enable`), as
-        OpenRLHF's schedules seed theirs (integrations.seeding); None: engine RNG."""
+        OpenRLHF's schedules seed theirs (integrations.runtime.seeding); None: engine RNG."""
         if not self.args.train.full_determinism_enable:
             return None
         return request_seed(self.args.train.seed, self.step, slot, prompt, sample_index)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-OPENRLHF_VERSION = "0.11.2"
 TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 
 

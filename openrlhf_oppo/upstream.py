@@ -1,0 +1,122 @@
+"""OpenRLHF as OPPO meets it: the pinned version, the class under a Ray actor, and every
+OpenRLHF 0.11.2 symbol OPPO swaps, subclasses, wraps, patches or calls.
+
+One row per symbol, dotted from the module (`openrlhf.trainer.ppo_trainer.PPOTrainer`,
+a method as `Class.method`). `missing()` resolves each against the installed
+OpenRLHF (a `@ray.remote` class is read through the class under the decorator), so a
+rename upstream fails `tests/integrations/test_touch_points.py` by name instead of a
+run failing half-way on a cluster. docs/design.md explains each group.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+OPENRLHF_VERSION = "0.11.2"
+"""The OpenRLHF release every touch point below was written against."""
+
+
+def ray_actor_classes(actor) -> tuple[type, type]:
+    """(the class under `@ray.remote`, Ray's subclass holding a wrapper of every method) of
+    a Ray actor class made with `ray.remote(cls)` (Ray 2.55)."""
+    modified = actor.__ray_metadata__.modified_class
+    return modified.__mro__[1], modified
+
+
+def unwrap_ray_actor(actor) -> type:
+    """The plain class under a `@ray.remote` actor class, to subclass or patch."""
+    return ray_actor_classes(actor)[0]
+
+
+@dataclass(frozen=True)
+class Touch:
+    symbol: str  # openrlhf.<module>.<Name>[.<method>]
+    how: str  # swapped | subclassed | wrapped | patched | called
+    where: str  # the openrlhf_oppo module that does it
+
+
+_T = Touch
+TOUCH_POINTS: tuple[Touch, ...] = (
+    # names swapped in the driver before OpenRLHF's train() imports them (oppo_trainer.patch_driver)
+    _T("openrlhf.trainer.ppo_trainer.PPOTrainer", "swapped", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor", "swapped", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ray.launcher.RewardModelActor", "swapped", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ray.vllm_engine.create_vllm_engines", "called", "integrations.runtime.trainer"),
+    # OPPO's classes are subclasses of OpenRLHF's
+    _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer", "subclassed", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ppo_utils.samples_generator.SamplesGenerator", "subclassed", "integrations.runtime.generator"),
+    _T("openrlhf.trainer.ppo_utils.samples_generator._collect_prompt_batch", "called", "integrations.runtime.generator"),
+    _T("openrlhf.trainer.ray.launcher.BaseModelActor", "subclassed", "integrations.runtime.scorer"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.pause_generation", "subclassed", "integrations.runtime.rollout"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.resume_generation", "called", "integrations.runtime.generator"),
+    # rule-based / remote rewards, scored in the engine with OpenRLHF's own executor
+    _T("openrlhf.utils.agent.SingleTurnAgentExecutor._fetch_rewards_via_func", "called", "integrations.runtime.rollout"),
+    _T("openrlhf.utils.agent.SingleTurnAgentExecutor._fetch_rewards_via_http", "called", "integrations.runtime.rollout"),
+    # timeline spans around OpenRLHF's own stages (integrations.runtime.timeline_hooks), every schedule
+    _T("openrlhf.trainer.ppo_utils.samples_generator.SamplesGenerator.generate_samples", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker.make_experience_batch", "wrapped",
+       "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer.ppo_train", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer.broadcast_to_vllm", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer.train_step", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.update_weight", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.update_weight_cuda_ipc", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.launcher.ReferenceModelActor.forward", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.launcher.RewardModelActor.forward", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor.forward", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor.fit", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor.broadcast_to_vllm", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.ppo_critic.CriticModelActor.forward", "wrapped", "integrations.runtime.timeline_hooks"),
+    _T("openrlhf.trainer.ray.ppo_critic.CriticModelActor.fit", "wrapped", "integrations.runtime.timeline_hooks"),
+    # seeded samples for same-sample comparisons (integrations.runtime.seeding, compat layer)
+    _T("openrlhf.trainer.ppo_utils.samples_generator.SamplingParams", "patched", "integrations.runtime.seeding"),
+    _T("openrlhf.trainer.ppo_trainer.prepare_datasets", "patched", "integrations.runtime.seeding"),
+    # what lets OpenRLHF run without CUDA (compat.patches; applied only where CUDA is absent)
+    _T("openrlhf.models.ring_attn_utils", "patched", "compat.patches"),
+    _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_distributed", "patched", "compat.patches"),
+    _T("openrlhf.utils.deepspeed.deepspeed.get_train_ds_config", "patched", "compat.patches"),
+    _T("openrlhf.utils.deepspeed.deepspeed.get_eval_ds_config", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ray.launcher.BaseDistributedActor._get_free_port", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer.broadcast_to_vllm", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer._init_vllm_sync_group", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.update_weight", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.init_process_group", "patched", "compat.patches"),
+    _T("openrlhf.datasets.reward_dataset.RewardDataset", "patched", "compat.patches"),
+    _T("openrlhf.datasets.sft_dataset.SFTDataset", "patched", "compat.patches"),
+    # the ZeRO-3 gather check of the compat layer
+    _T("openrlhf.models.Actor", "called", "compat.zero3_check"),
+    # the learnable task's SFT policy and reward model, trained by OpenRLHF's own trainers in fp32
+    _T("openrlhf.cli.train_sft", "called", "tasks.learn_trainers"),
+    _T("openrlhf.cli.train_rm", "called", "tasks.learn_trainers"),
+    _T("openrlhf.utils.utils.convert_to_torch_dtype", "patched", "tasks.learn_trainers"),
+    _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn_trainers"),
+    _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn_eval"),
+)
+
+
+def _resolve(symbol: str) -> object:
+    parts = symbol.split(".")
+    for cut in range(len(parts), 0, -1):  # the longest importable module prefix
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            inner = ray_actor_classes(obj)[1] if hasattr(obj, "__ray_metadata__") else None
+            obj = getattr(inner if inner is not None and not hasattr(obj, name) else obj, name)
+        return obj
+    raise ImportError(symbol)
+
+
+def missing() -> list[str]:
+    """Rows whose symbol the installed OpenRLHF lacks, with the error."""
+    out = []
+    for touch in TOUCH_POINTS:
+        try:
+            _resolve(touch.symbol)
+        except (ImportError, AttributeError) as exc:
+            out.append(f"{touch.symbol} ({touch.how} by openrlhf_oppo.{touch.where}): {exc!r}")
+    return out
