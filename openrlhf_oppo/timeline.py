@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-TIMELINE_ENV = "OPPO_TIMELINE_DIR"
+from openrlhf_oppo import run_env
 
 
 class Recorder:
@@ -83,7 +83,7 @@ class Recorder:
             self.span(role, stage, t0, time.time(), **attrs)
 
 
-RECORDER = Recorder(os.environ.get(TIMELINE_ENV))  # this process's recorder
+RECORDER = Recorder(run_env.path(run_env.TIMELINE_DIR))  # this process's recorder
 
 
 def _parse(lines: list[str]) -> list[dict]:

@@ -8,7 +8,6 @@ from pathlib import Path
 from openrlhf_oppo.bench.convergence import _fmt, _spread, table_line, task_root
 from openrlhf_oppo.tasks import learn, learn_eval
 
-
 SAMPLES_PER_PROMPT = 4
 """Samples of each held-out prompt per actor: one sample each of 256 prompts left a 0.03
 standard error on exact match, as large as the differences to measure."""

@@ -21,6 +21,7 @@ import runpy
 import sys
 
 from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo import run_env
 
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 
@@ -193,10 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from openrlhf_oppo.integrations.launch import wandb_offline
-    from openrlhf_oppo.integrations.runtime.generator import CONFIG_ENV
     from openrlhf_oppo.integrations.runtime.trainer import patch_driver
 
-    os.environ[CONFIG_ENV] = json.dumps(oppo_config.to_dict(cfg))
+    os.environ[run_env.CONFIG_JSON] = json.dumps(oppo_config.to_dict(cfg))
     wandb_flags, wandb_env = wandb_offline.wandb_settings(wandb_offline.argv_flags(rest), os.environ)
     if wandb_env:
         print("openrlhf_oppo.cli.train_ppo_ray: wandb is configured without a key (--logger.wandb.key or "

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 
+from openrlhf_oppo import run_env
 from openrlhf_oppo.compat.hooks import install_hooks
 from openrlhf_oppo.compat.patches import CACHE_PATCHES, PATCHES
 
@@ -26,12 +26,12 @@ def request_amx_permission() -> bool:
 
 def run() -> None:
     install_hooks(CACHE_PATCHES)
-    if os.environ.get("OPPO_COMPAT") == "1":
+    if run_env.compat_enabled():
         request_amx_permission()
         # The patches gate themselves on torch.cuda.is_available() when they fire
         # (torch is imported by then); here we only register them.
         install_hooks(PATCHES)
-    if os.environ.get("OPPO_TIMELINE_DIR"):
+    if run_env.path(run_env.TIMELINE_DIR):
         from openrlhf_oppo.integrations.runtime.timeline_hooks import PATCHES as TIMELINE_PATCHES
 
         install_hooks(TIMELINE_PATCHES)

@@ -7,10 +7,11 @@ import json
 import os
 from pathlib import Path
 
+from openrlhf_oppo import run_env
+
 SITE_DIR = Path(__file__).resolve().parent / "_site"
-ENABLE_VAR = "OPPO_COMPAT"  # "1": the sitecustomize installs the patches in that process
 # per-user project cache: the tiny task, and the compile caches of every run (compat.caches)
-CACHE_DIR = Path(os.environ.get("OPPO_CACHE_DIR", "~/.cache/openrlhf_oppo")).expanduser()
+CACHE_DIR = run_env.cache_dir()
 
 # Logical resources declared to Ray. OpenRLHF 0.11.2's train_ppo_ray calls
 # `ray.init()` with no resource arguments and asks for {"GPU": 1} bundles; with no
@@ -33,7 +34,7 @@ def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
     base = dict(os.environ if base is None else base)
     pythonpath = [str(SITE_DIR)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
-        ENABLE_VAR: "1",
+        run_env.COMPAT: "1",
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath)),
         "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": RAY_LOGICAL_CPUS, "GPU": RAY_LOGICAL_GPUS}),
         # vLLM CPU otherwise reads gpu_memory_utilization as a share of host RAM

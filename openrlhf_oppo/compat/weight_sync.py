@@ -26,9 +26,9 @@ import os
 import threading
 from typing import Any
 
+from openrlhf_oppo import run_env
+
 PAYLOAD_TAG = "openrlhf_oppo.weights.v1"
-PROBE_ENV = "OPPO_SYNC_PROBE"
-PROBE_PROMPT_ENV = "OPPO_SYNC_PROBE_PROMPT"  # comma-separated token ids
 PROBE_MAX_TOKENS = 16
 
 
@@ -94,12 +94,12 @@ def worker_init_process_group(self, *args, **kwargs) -> None:
 
 
 def _probe(trainer) -> None:
-    path = os.environ.get(PROBE_ENV)
+    path = run_env.path(run_env.SYNC_PROBE)
     if not path:
         return
     from vllm import SamplingParams
 
-    prompt = [int(t) for t in os.environ.get(PROBE_PROMPT_ENV, "1").split(",")]
+    prompt = run_env.sync_probe_prompt()
     params = SamplingParams(temperature=0.0, max_tokens=PROBE_MAX_TOKENS, logprobs=0, ignore_eos=True)
     ref = trainer.vllm_engines[0].generate.remote(prompt, params)
     # Partial rollout (OpenRLHF) and OPPO pause the engine around this sync and resume

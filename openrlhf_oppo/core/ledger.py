@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 LEDGER_FILE = "ledger.jsonl"
-LEDGER_ENV = "OPPO_LEDGER_JSONL"  # the driver appends events here when set
 # a checkpoint's ledger row per trained group (flat in the checkpoint)
 LEDGER_FIELDS = ("group_id", "prompt_index", "admitted_step", "trained_step", "deferrals")
 

@@ -8,8 +8,8 @@ at once, so a step ends as soon as the batch is complete. Randomness is injected
 from __future__ import annotations
 
 import math
-from array import array
 import random
+from array import array
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import itemgetter

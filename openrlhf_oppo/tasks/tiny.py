@@ -36,13 +36,14 @@ for hundreds of tokens (mean run 1 / (1 - trap_stay_prob)), up to `max_new_token
 from __future__ import annotations
 
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from openrlhf_oppo import run_env
+
 ASSET_VERSION = "tiny-v3"
-DEFAULT_ASSETS_DIR = Path(os.environ.get("OPPO_ASSETS_DIR", "~/.cache/openrlhf_oppo/tiny")).expanduser()
+DEFAULT_ASSETS_DIR = run_env.assets_dir()
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
 WORDS = (

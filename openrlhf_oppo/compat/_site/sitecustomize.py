@@ -8,7 +8,7 @@ the patches run only when their target modules are imported.
 
 import os
 
-if os.environ.get("OPPO_COMPAT") == "1" or os.environ.get("OPPO_TIMELINE_DIR"):
+if os.environ.get("OPPO_COMPAT") == "1" or os.environ.get("OPPO_TIMELINE_DIR"):  # run_env.COMPAT, run_env.TIMELINE_DIR
     try:
         from openrlhf_oppo.compat import _startup
 

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrlhf_oppo import compat, timeline
-from openrlhf_oppo.compat import caches, weight_sync
+from openrlhf_oppo import compat, run_env
+from openrlhf_oppo.compat import caches
 from openrlhf_oppo.core import ledger
 from openrlhf_oppo.integrations.launch import wandb_offline
-from openrlhf_oppo.integrations.runtime import seeding
 from openrlhf_oppo.integrations.launch.openrlhf_flags import TRAIN_MODULE
 from openrlhf_oppo.integrations.launch.yaml_config import to_argv
 
@@ -122,15 +121,15 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     # the site hook records OpenRLHF's stages on the timeline, on any hardware
     pythonpath = [str(compat.SITE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
-    env[timeline.TIMELINE_ENV] = str(paths.timeline)
-    env["OPPO_METRICS_JSONL"] = str(paths.oppo_metrics)
-    env["OPPO_TRACE_JSONL"] = str(paths.oppo_trace)
-    env[ledger.LEDGER_ENV] = str(paths.ledger)  # appended across restarts: never cleared here
-    env["OPPO_STOP_FILE"] = str(paths.stop_file)
-    env[seeding.ROLLOUTS_ENV] = str(paths.rollouts)
+    env[run_env.TIMELINE_DIR] = str(paths.timeline)
+    env[run_env.METRICS_JSONL] = str(paths.oppo_metrics)
+    env[run_env.TRACE_JSONL] = str(paths.oppo_trace)
+    env[run_env.LEDGER_JSONL] = str(paths.ledger)  # appended across restarts: never cleared here
+    env[run_env.STOP_FILE] = str(paths.stop_file)
+    env[run_env.ROLLOUTS_JSONL] = str(paths.rollouts)
     if probe_ids:
-        env[weight_sync.PROBE_ENV] = str(paths.sync_probe)
-        env[weight_sync.PROBE_PROMPT_ENV] = ",".join(map(str, probe_ids))
+        env[run_env.SYNC_PROBE] = str(paths.sync_probe)
+        env[run_env.SYNC_PROBE_PROMPT] = ",".join(map(str, probe_ids))
     return env
 
 

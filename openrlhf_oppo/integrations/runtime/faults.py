@@ -12,19 +12,18 @@ import os
 import random
 import signal
 
-from openrlhf_oppo.core import ledger
+from openrlhf_oppo import run_env
 
-FAULTS_ENV = "OPPO_FAULTS"
 KINDS = ("reward", "rollout", "driver", "abort")
 
 
 def planned(kind: str) -> set[int]:
     """Steps at which a fault of ``kind`` is planned."""
     steps = set()
-    for item in filter(None, os.environ.get(FAULTS_ENV, "").split(",")):
+    for item in run_env.faults():
         name, _, step = item.partition("@")
         if name not in KINDS or not step.isdigit():
-            raise ValueError(f"{FAULTS_ENV}: expected KIND@STEP with KIND in {KINDS}, got {item!r}")
+            raise ValueError(f"{run_env.FAULTS}: expected KIND@STEP with KIND in {KINDS}, got {item!r}")
         if name == kind:
             steps.add(int(step))
     return steps
@@ -35,7 +34,7 @@ def due(kind: str, step: int, calls: int | None = None) -> bool:
     the calls of this kind made so far in the step (fires at a number seeded by the step)."""
     if step not in planned(kind) or (calls is not None and calls != random.Random(step).randint(1, 3)):
         return False
-    record = os.environ.get(ledger.LEDGER_ENV, "oppo") + ".faults"
+    record = (run_env.path(run_env.LEDGER_JSONL) or "oppo") + ".faults"
     tag = f"{kind}@{step}"
     if os.path.exists(record) and tag in open(record).read().split():
         return False

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -37,16 +36,14 @@ from tqdm import tqdm
 from vllm import SamplingParams
 
 from openrlhf_oppo import config as oppo_config
-from openrlhf_oppo import timeline
+from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats, TrainBatch, ledger
+from openrlhf_oppo.integrations.runtime import faults, timeline_hooks
 from openrlhf_oppo.integrations.runtime.rollout import SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.scorer import SCORER_RESTARTS
+from openrlhf_oppo.integrations.runtime.seeding import request_seed, write_rollouts
 from openrlhf_oppo.integrations.runtime.trace import write_trace
-from openrlhf_oppo.integrations.runtime.seeding import ROLLOUTS_ENV, request_seed, write_rollouts
-from openrlhf_oppo.integrations.runtime import faults, timeline_hooks
 
-CONFIG_ENV = "OPPO_CONFIG_JSON"  # the resolved OppoConfig, set by openrlhf_oppo.cli.train_ppo_ray
-TRACE_ENV = "OPPO_TRACE_JSONL"  # optional per-step trace (admitted, trained, carried)
 REWARD = "reward"
 POLL_S = 1.0  # an engine answers `next_outputs` when it has a chunk or a finished sample, or after this long
 SCORER_RESTART_TIMEOUT_S = 300.0  # a restarted reward actor reloads its model
@@ -65,9 +62,9 @@ def reward_mode(args, oppo: oppo_config.OppoConfig) -> str:
 
 
 def config_from_env() -> oppo_config.OppoConfig:
-    raw = os.environ.get(CONFIG_ENV)
+    raw = run_env.config_json()
     if raw is None:
-        raise RuntimeError(f"{CONFIG_ENV} is not set: launch OPPO with `python -m openrlhf_oppo.cli.train_ppo_ray`")
+        raise RuntimeError(f"{run_env.CONFIG_JSON} is not set: launch OPPO with `python -m openrlhf_oppo.cli.train_ppo_ray`")
     return oppo_config.from_dict(json.loads(raw))
 
 
@@ -150,8 +147,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.scorer_restarts = 0  # this step
         self.step_reward_calls = 0
         self.step_polls = 0  # engine replies this step (crash injection counts them)
-        self.trace_path = os.environ.get(TRACE_ENV)
-        self.ledger_path = os.environ.get(ledger.LEDGER_ENV)
+        self.trace_path = run_env.path(run_env.TRACE_JSONL)
+        self.ledger_path = run_env.path(run_env.LEDGER_JSONL)
         self.ledger_started = False
         self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted this step
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True)
@@ -195,8 +192,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         # groups in stream order, not completion order: training sees a reproducible order
         groups = sorted(batch.groups, key=lambda g: g.prompt_index)
         experiences = [self._experience(g, s, generate_kwargs) for g in groups for s in g.samples]
-        if os.environ.get(ROLLOUTS_ENV):
-            write_rollouts(os.environ[ROLLOUTS_ENV], self.step, experiences)
+        rollouts = run_env.path(run_env.ROLLOUTS_JSONL)
+        if rollouts:
+            write_rollouts(rollouts, self.step, experiences)
         return experiences, None, len(plan.admit), exhausted
 
     def finish_step(self, mean_reward: float) -> dict[str, float]:

@@ -28,13 +28,12 @@ import asyncio
 import functools
 import hashlib
 import json
-import os
 from copy import deepcopy
 
-from openrlhf_oppo.upstream import unwrap_ray_actor
+from openrlhf_oppo import run_env
+from openrlhf_oppo.upstream import ray_actor_classes
 
 SEED_KEY = "oppo_seed"  # SamplingParams.extra_args key: [run seed, step, slot]
-ROLLOUTS_ENV = "OPPO_ROLLOUTS_JSONL"  # every schedule: each step's trained samples, one JSON line
 
 
 def request_seed(run_seed: int, step: int, slot: int, prompt: str, sample_index: int) -> int:
@@ -89,7 +88,7 @@ def seeded_rollouts_driver(module) -> None:
             for i, prompt in enumerate(self._oppo_order):
                 first.setdefault(prompt, i)
             samples = sorted(samples, key=lambda e: first.get(e.prompts[0], len(first)))
-        path = os.environ.get(ROLLOUTS_ENV)
+        path = run_env.path(run_env.ROLLOUTS_JSONL)
         if path and samples:
             write_rollouts(path, getattr(self, "_oppo_step", 0), samples)
         self._oppo_step = getattr(self, "_oppo_step", 0) + 1
@@ -122,7 +121,7 @@ def seeded_prompt_order(module) -> None:
 def seeded_rollouts_engine(module) -> None:
     """openrlhf 0.11.2 `RolloutRayActor.generate_responses` (engine side): a request
     tagged by `seeded_rollouts_driver` runs its n samples with their own seeds."""
-    cls = unwrap_ray_actor(module.RolloutRayActor)  # OPPO's rollout actor subclasses it
+    cls, actor_cls = ray_actor_classes(module.RolloutRayActor)  # OPPO's rollout actor subclasses cls
     generate = cls.generate_responses
 
     @functools.wraps(generate)

@@ -35,7 +35,6 @@ from openrlhf_oppo.compat.patches import Patch
 from openrlhf_oppo.upstream import OPENRLHF_VERSION, ray_actor_classes
 
 
-
 def _classes(owner) -> list:
     """The classes to set a method on: for a Ray actor class, the class under
     @ray.remote and Ray's subclass that holds a wrapper of every method."""

@@ -31,22 +31,21 @@ OpenRLHF symbol OPPO relies on is listed in `touch_points.TOUCH_POINTS`.
 from __future__ import annotations
 
 import json
-import os
 
 import ray
 from openrlhf.trainer import ppo_trainer as _ppo_trainer
 from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
+from openrlhf_oppo import run_env
 from openrlhf_oppo.integrations.runtime import faults, guards
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
 from openrlhf_oppo.integrations.runtime.scorer import StreamingRewardModelRayActor
+from openrlhf_oppo.upstream import unwrap_ray_actor
 
-METRICS_JSONL_ENV = "OPPO_METRICS_JSONL"
 STATE_KEY = "oppo_generator"
 
-STOP_ENV = "OPPO_STOP_FILE"  # when this file exists, the step ends, a checkpoint is written and the run stops
 
 
 class StopRequested(RuntimeError):
@@ -90,7 +89,7 @@ class OppoPPOTrainerImpl(_BASE):
         guards.check_losses(status, self.samples_generator.step)
         # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
         status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]))
-        path = os.environ.get(METRICS_JSONL_ENV)
+        path = run_env.path(run_env.METRICS_JSONL)
         if path:
             row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}
             with open(path, "a") as fh:
@@ -99,7 +98,7 @@ class OppoPPOTrainerImpl(_BASE):
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         client_states = dict(client_states or {})
-        stop = bool(os.environ.get(STOP_ENV)) and os.path.exists(os.environ[STOP_ENV])  # SIGTERM/SIGINT to the launcher
+        stop = run_env.stop_requested()  # SIGTERM/SIGINT to the launcher
         saving = stop or global_step % self.args.ckpt.save_steps == 0  # OpenRLHF's own condition (inf: never)
         if saving:
             client_states[STATE_KEY] = json.dumps(self.samples_generator.state_dict())
