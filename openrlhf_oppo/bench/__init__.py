@@ -1,2 +1,3 @@
-"""Evidence, apart from the product: benchmarks (`openrlhf-oppo bench`) and plots
-(`openrlhf-oppo plot`). The product's packages never import this one."""
+"""Evidence, apart from the product: benchmarks (`openrlhf-oppo bench`), plots
+(`openrlhf-oppo plot`) and a synthetic rollout engine (`synthetic`) the simulator shares.
+The product's packages never import this one."""

@@ -20,7 +20,7 @@ import time
 
 from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StreamingConfig
 from openrlhf_oppo.core import OverlapScheduler, StepStats
-from openrlhf_oppo.sim.synthetic import LengthModel, SyntheticRollout, feed_round
+from openrlhf_oppo.bench.synthetic import LengthModel, SyntheticRollout, feed_round
 
 
 class _GcClock:

@@ -1,3 +1,4 @@
-"""Simulation: synthetic rollout engines (`synthetic`) and the cluster-scale discrete-event
-simulator (`presets`, `costs`, `engine`, `drivers`, `report`, `calibrate`, `cli`), both
-driving the real scheduler core. See docs/simulator.md."""
+"""Simulation: the cluster-scale discrete-event simulator (`presets`, `costs`, `engine`,
+`drivers`, `report`, `calibrate`, `cli`), driving the real scheduler core. The synthetic
+rollout engine it shares with the benchmarks is `openrlhf_oppo.bench.synthetic`. See
+docs/simulator.md."""
