@@ -7,6 +7,8 @@ import pytest
 
 from openrlhf_oppo.bench import schedules as bench_schedules
 
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
 
 def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
     oppo_run = train_runs("oppo")

@@ -20,8 +20,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from openrlhf_oppo.cli.main import main
 from openrlhf_oppo.core import ledger
+
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 TIMEOUT_S = "900"

@@ -10,6 +10,8 @@ import pytest
 from openrlhf_oppo import timeline
 from openrlhf_oppo.bench import plot
 
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
 B, N, STEPS = 4, 2, 4  # configs/tiny-cpu.yaml: 4 prompts x 2 samples per step, 4 steps
 
 

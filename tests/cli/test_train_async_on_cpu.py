@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
 SHORT_RUN = ("--data.max_samples", "8")  # 2 steps: start-up dominates the cost anyway
 
 

@@ -10,6 +10,8 @@ import json
 import pytest
 import torch
 
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
 OPPO_KEYS = (
     "oppo/delta", "oppo/chunk_size", "oppo/deferred_fraction", "oppo/deferral_hist/0", "oppo/deferral_hist/1",
     "oppo/deferral_hist/2", "oppo/deferral_hist/3+", "oppo/offpolicy_token_fraction", "oppo/carried_tokens",

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
 SYNC_STEPS = 4  # configs/tiny-cpu.yaml: 16 prompts / rollout batch 4
 # bf16 vLLM CPU kernels vs an fp32 HF forward of the same weights: a bf16 logprob near -5
 # is a multiple of 2**-5, so rounding alone moves it by up to ~0.016

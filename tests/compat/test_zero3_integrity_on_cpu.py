@@ -5,7 +5,11 @@ back corrupt in one of two tries on the development machine; with it, 0 of 24.""
 
 from __future__ import annotations
 
+import pytest
+
 from openrlhf_oppo.compat import zero3_check
+
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
 
 def test_zero3_load_on_two_ranks_keeps_every_weight_intact_on_cpu(tmp_path):
