@@ -89,11 +89,11 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     # the ZeRO-3 gather check of the compat layer
     _T("openrlhf.models.Actor", "called", "compat.zero3_check"),
     # the learnable task's SFT policy and reward model, trained by OpenRLHF's own trainers in fp32
-    _T("openrlhf.cli.train_sft", "called", "tasks.learn_trainers"),
-    _T("openrlhf.cli.train_rm", "called", "tasks.learn_trainers"),
-    _T("openrlhf.utils.utils.convert_to_torch_dtype", "patched", "tasks.learn_trainers"),
-    _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn_trainers"),
-    _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn_eval"),
+    _T("openrlhf.cli.train_sft", "called", "tasks.learn.trainers"),
+    _T("openrlhf.cli.train_rm", "called", "tasks.learn.trainers"),
+    _T("openrlhf.utils.utils.convert_to_torch_dtype", "patched", "tasks.learn.trainers"),
+    _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn.trainers"),
+    _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn.evaluation"),
 )
 
 

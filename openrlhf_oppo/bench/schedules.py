@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.bench.table import Spread, fmt, spread, table_line
 from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
 STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
@@ -79,9 +80,10 @@ def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
     `warmup_steps` steps are left out of the step latency and tokens/s."""
     scalars = tensorboard_scalars(root / "tensorboard")
     walls = [w for w, _, _ in scalars.get(STEP_TAG, [])][max(0, warmup_steps - 1):]
-    step_s = [b - a for a, b in zip(walls, walls[1:])]
+    step_s = [b - a for a, b in zip(walls, walls[1:], strict=False)]
     rows = timeline.read(root / "timeline") if (root / "timeline").is_dir() else []
-    tokens = sum(r["tokens"] for r in rows if r["kind"] == "sample" and len(walls) > 1 and walls[0] <= r["t1"] <= walls[-1])
+    tokens = sum(r["tokens"] for r in rows
+                 if r["kind"] == "sample" and len(walls) > 1 and walls[0] <= r["t1"] <= walls[-1])
     summary = {
         "steps": len(scalars.get(STEP_TAG, [])),
         "step_s": step_s,
@@ -103,20 +105,15 @@ def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
     return summary
 
 
-def _spread(values: list[float]) -> tuple[float | None, float | None, float | None]:
-    """(median, min, max), Nones when there is nothing."""
-    return (statistics.median(values), min(values), max(values)) if values else (None, None, None)
-
-
-def _figure(runs: list[dict], key: str) -> tuple[float | None, float | None, float | None]:
+def _figure(runs: list[dict], key: str) -> Spread:
     per_run = "median_step_s" if key == "step_s" else key
-    return _spread([r[per_run] for r in runs if r.get(per_run) is not None])
+    return spread([r[per_run] for r in runs if r.get(per_run) is not None])
 
 
-def _ratio(base: list[dict], runs: list[dict], key: str = "median_step_s") -> tuple[float | None, float | None, float | None]:
+def _ratio(base: list[dict], runs: list[dict], key: str = "median_step_s") -> Spread:
     """base `key` / this schedule's, repeat by repeat (a repeat missing either is left out)."""
-    pairs = [(b.get(key), r.get(key)) for b, r in zip(base, runs)]
-    return _spread([b / r for b, r in pairs if b and r])
+    pairs = [(b.get(key), r.get(key)) for b, r in zip(base, runs, strict=False)]
+    return spread([b / r for b, r in pairs if b and r])
 
 
 def report(results: dict[str, list[dict]]) -> list[dict]:
@@ -148,28 +145,24 @@ def report(results: dict[str, list[dict]]) -> list[dict]:
     return [dict(row, first=first, best=best) for row in rows]
 
 
-def _fmt(fig: tuple, spec: str, spread: bool = True) -> str:
-    med, lo, hi = fig
-    if med is None:
-        return "-"
-    return f"{med:{spec}} [{lo:{spec}}-{hi:{spec}}]" if spread and lo != hi else f"{med:{spec}}"
-
-
 def print_report(rows: list[dict]) -> None:
     first, best = rows[0]["first"], rows[0]["best"]
     cols = [("schedule", 11), ("runs", 5), ("step s", 18), (f"x {first}", 18), ("mean step s", 18), (f"x {best}", 18),
             ("tok/s", 16), ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
-    print(" ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(cols)))
+    widths = [w for _, w in cols]
+    print(table_line([name for name, _ in cols], widths))
     for r in rows:
-        cells = [r["schedule"], r["runs_ok"], _fmt(r["step_s"], ".2f"), _fmt(r["x_first"], ".2f"),
-                 _fmt(r["mean_step_s"], ".2f"), _fmt(r["x_best"], ".2f"), _fmt(r["tokens_per_s"], ".0f"), _fmt(r["wall_s"], ".0f"),
-                 _fmt(r["reward"], ".3f", False), _fmt(r["oppo/overlap_fraction"], ".2f", False),
-                 _fmt(r["oppo/scorer_idle_fraction"], ".2f", False), _fmt(r["oppo/deferred_fraction"], ".2f", False)]
-        print(" ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in enumerate(zip(cells, cols))))
+        cells = [r["schedule"], r["runs_ok"], fmt(r["step_s"], ".2f"), fmt(r["x_first"], ".2f"),
+                 fmt(r["mean_step_s"], ".2f"), fmt(r["x_best"], ".2f"), fmt(r["tokens_per_s"], ".0f"),
+                 fmt(r["wall_s"], ".0f"),
+                 fmt(r["reward"], ".3f", False), fmt(r["oppo/overlap_fraction"], ".2f", False),
+                 fmt(r["oppo/scorer_idle_fraction"], ".2f", False), fmt(r["oppo/deferred_fraction"], ".2f", False)]
+        print(table_line(cells, widths))
     print(f"step s: median over repeats of each run's median wall-clock seconds between consecutive steps "
           f"(warm-up steps left out), [min-max over repeats]; x {first}: its step s / this one's, repeat by repeat "
           f"(above 1 = faster); mean step s: time per step (over-sampling trains two batches per generation: its "
-          f"median is bimodal); x {best}: mean step s of the fastest of OpenRLHF's own modes / this one's; oracle: the lower "
+          f"median is bimodal); x {best}: mean step s of the fastest of OpenRLHF's own modes / this one's; oracle: "
+          f"the lower "
           "bound of the oppo runs' own batches (decode of the trained groups + last scoring call + actor training)")
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_oppo.bench import convergence, final_eval
+from openrlhf_oppo.bench import convergence
+from openrlhf_oppo.bench.convergence import cli, final_eval
 from openrlhf_oppo.bench.schedules import STEP_TAG
-from openrlhf_oppo.tasks import learn, learn_eval
+from openrlhf_oppo.tasks import learn
+from openrlhf_oppo.tasks.learn import evaluation
 
 T0 = 1000.0  # time.time() of the first driver `generate` span of every synthetic run
 
@@ -295,7 +297,8 @@ def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, c
     assets.data.mkdir(parents=True)
     assets.sft_baseline.write_text("".join(json.dumps({"input": sample(text, n)["prompt"], "reward": -0.5,
                                                        "exact_match": 0.5}) + "\n" for n in (1, 2, 4)))
-    monkeypatch.setattr(convergence, "task_root", lambda config: ("learn", assets.root))
+    for module in (cli, final_eval):  # the baseline's task and the final evaluation's: assets not built
+        monkeypatch.setattr(module, "task_root", lambda config: ("learn", assets.root))
     out = tmp_path / "bench"
     write_all(out, text)
     argv = ["convergence", "--report-only", "--seeds", "2", "--schedules", "sync", "oppo", "--output", str(out),
@@ -453,7 +456,7 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
         return {name: ev(*{"sft": (0.6, -1.0), "sync-s0": (0.7, 0.5), "sync-s1": (0.8, 1.5),
                            "oppo-s0": (0.75, 1.0)}[name]) for name in actors}
 
-    monkeypatch.setattr(learn_eval, "evaluate_actors", fake_evaluate)
+    monkeypatch.setattr(evaluation, "evaluate_actors", fake_evaluate)
     runs = {"sync": {0: {"returncode": 0}, 1: {"returncode": 0}}, "oppo": {0: {"returncode": 0}, 1: {"returncode": 1}}}
     fe = final_eval.evaluate(str(config), out, runs)
     assert seen["trained"] == 512 and seen["root"] == root and seen["samples_per_prompt"] == final_eval.SAMPLES_PER_PROMPT
@@ -473,6 +476,6 @@ def test_heldout_prompts_follow_the_trained_rows(tmp_path):
     rows = [{"input": f"reverse: w{i} =>", "label": f"w{i}"} for i in range(10)]
     assets.prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec = learn.LearnSpec(rl_prompts=10, eval_prompts=3)
-    assert learn_eval.heldout_records(assets, spec, 4) == rows[4:7]
+    assert evaluation.heldout_records(assets, spec, 4) == rows[4:7]
     with pytest.raises(ValueError, match=r"no prompts after the first 10 \(--data.max_samples\)"):
-        learn_eval.heldout_records(assets, spec, 10)
+        evaluation.heldout_records(assets, spec, 10)

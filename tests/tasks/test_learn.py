@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from openrlhf_oppo import tasks
-from openrlhf_oppo.tasks import learn, learn_eval, learn_trainers
+from openrlhf_oppo.tasks import learn
+from openrlhf_oppo.tasks.learn import builder, evaluation, trainers
 
 EOS = "<|eos|>"
 
@@ -185,7 +186,7 @@ def test_policy_pairs_keep_the_wrong_samples_against_the_gold_answer(tmp_path, m
             counts[p] += 1
         return [ids(p) for p in prompts], responses
 
-    monkeypatch.setattr(learn_eval, "sample_policy", fake_sample_policy)
+    monkeypatch.setattr(builder, "sample_policy", fake_sample_policy)
     pairs = learn.policy_pairs(tmp_path / "actor", records, samples=3, max_new_tokens=16, seed=5)
     assert seen == [(tmp_path / "actor", ["reverse: red cat =>"] * 3 + ["reverse: sun =>"] * 3, 16, 5)]
     assert [(p["prompt"], p["rejected"]) for p in pairs] == [
@@ -205,13 +206,13 @@ def _module(argv: list[str]) -> str:
 
 def test_trainer_command_lines(tmp_path):
     assets, spec = learn.LearnAssets(tmp_path), learn.LearnSpec()
-    sft = learn_trainers.sft_argv(assets, spec)
+    sft = trainers.sft_argv(assets, spec)
     assert _module(sft) == "openrlhf.cli.train_sft"
     assert _flag(sft, "--data.input_template") == ""  # PPO sees the bare prompt
     assert (_flag(sft, "--data.input_key"), _flag(sft, "--data.output_key")) == ("input", "output")
     assert _flag(sft, "--ckpt.output_dir") == str(assets.actor)
     assert _flag(sft, "--ds.attn_implementation") == "sdpa"
-    rm = learn_trainers.rm_argv(assets, spec, pairs=33000)
+    rm = trainers.rm_argv(assets, spec, pairs=33000)
     assert _module(rm) == "openrlhf.cli.train_rm"
     assert _flag(rm, "--data.dataset") == str(assets.data / "rm_train.jsonl")
     assert _flag(rm, "--data.max_samples") == "33000"  # hand-made and the SFT policy's pairs, all of them
@@ -222,9 +223,9 @@ def test_trainer_command_lines(tmp_path):
 
 def test_trainer_dtype_picks_the_entry_point(tmp_path):
     assets = learn.LearnAssets(tmp_path)
-    stock = learn_trainers.sft_argv(assets, learn.LearnSpec(train_dtype="bf16"))
+    stock = trainers.sft_argv(assets, learn.LearnSpec(train_dtype="bf16"))
     assert stock[1:3] == ["-m", "openrlhf.cli.train_sft"] and _flag(stock, "--ds.param_dtype") == "bf16"
-    fp32 = learn_trainers.sft_argv(assets, learn.LearnSpec(train_dtype="fp32"))
+    fp32 = trainers.sft_argv(assets, learn.LearnSpec(train_dtype="fp32"))
     assert fp32[1] == "-c" and "fp32_trainer_main" in fp32[2] and fp32[3] == "openrlhf.cli.train_sft"
 
 
@@ -242,7 +243,7 @@ def test_bad_spec_is_refused_naming_the_field(fields, message):
 
 
 def test_fp32_configs_turn_half_precision_off():
-    make = learn_trainers._without_half_precision(lambda stage: {"bf16": {"enabled": True}, "fp16": {"enabled": False},
+    make = trainers._without_half_precision(lambda stage: {"bf16": {"enabled": True}, "fp16": {"enabled": False},
                                                         "zero_optimization": {"stage": stage}})
     assert make(2) == {"bf16": {"enabled": False}, "fp16": {"enabled": False}, "zero_optimization": {"stage": 2}}
 
@@ -277,17 +278,17 @@ def test_openrlhf_touch_points_of_the_fp32_trainer():
 def test_length_grouped_order_is_a_seeded_permutation_of_similar_length_batches():
     rng = random.Random(0)
     lengths = [rng.choice([3, 3, 3, 5, 8, 12, 30]) + rng.randrange(3) for _ in range(1000)]
-    order = learn_trainers.length_grouped_order(lengths, batch_size=16, seed=7, group_batches=8)
+    order = trainers.length_grouped_order(lengths, batch_size=16, seed=7, group_batches=8)
     assert sorted(order) == list(range(1000))
-    assert order == learn_trainers.length_grouped_order(lengths, 16, seed=7, group_batches=8)
-    assert order != learn_trainers.length_grouped_order(lengths, 16, seed=8, group_batches=8)
+    assert order == trainers.length_grouped_order(lengths, 16, seed=7, group_batches=8)
+    assert order != trainers.length_grouped_order(lengths, 16, seed=8, group_batches=8)
     batches = [order[i : i + 16] for i in range(0, 992, 16)]  # 1000 = 62 full batches + 8
     padded = sum(16 * max(lengths[i] for i in b) for b in batches)
     random_padded = sum(16 * max(lengths[i] for i in range(k, k + 16)) for k in range(0, 992, 16))
     assert padded < 0.6 * random_padded  # what the order is for
     # 40 = a group of 2 full batches + a short one, which comes last (drop_last drops it)
     # rather than between full ones, where it would shift every later batch
-    tail = learn_trainers.length_grouped_order(list(range(40)), 16, seed=0, group_batches=2)
+    tail = trainers.length_grouped_order(list(range(40)), 16, seed=0, group_batches=2)
     assert sorted(tail) == list(range(40))
     assert all(block == sorted(block) for block in (tail[:16], tail[16:32], tail[32:]))
 
@@ -300,7 +301,7 @@ def test_length_grouped_loader_keeps_openrlhfs_other_loaders():
                          collate_fn=None, drop_last=True, sampler=None, consumed_samples=0, num_workers: int = 0):
         calls.append(sampler)
 
-    wrapped = learn_trainers._length_grouped(setup_dataloader)
+    wrapped = trainers._length_grouped(setup_dataloader)
     strategy = types.SimpleNamespace(seed=3)
     pairs = types.SimpleNamespace(prompts=["reverse: a b =>"] * 4 + ["reverse: a =>"] * 4, chosens=[" b a"] * 8,
                                   rejects=[" a b"] * 8)
@@ -314,12 +315,12 @@ def test_length_grouped_loader_keeps_openrlhfs_other_loaders():
 
 
 def test_trainer_env_is_a_one_process_world():
-    env = learn_trainers.trainer_env({"PATH": "/bin"})
+    env = trainers.trainer_env({"PATH": "/bin"})
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
     assert 0 < int(env["MASTER_PORT"]) < 65536
     assert env["TORCH_EXTENSIONS_DIR"].endswith("torch_extensions")  # DeepSpeed's Adam built once, reused
     assert env["OMP_NUM_THREADS"] == str(os.cpu_count())  # the trainer runs alone
-    assert learn_trainers.trainer_env({"PATH": "/bin", "OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
+    assert trainers.trainer_env({"PATH": "/bin", "OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
 
 
 def test_variant_registry_names_learn():
@@ -335,12 +336,12 @@ def test_marker_changes_with_the_spec():
 
 
 def test_quantile_and_auc_by_hand():
-    assert learn_eval.quantile([5, 1, 3, 2, 4], 0.5) == 3
-    assert learn_eval.quantile(list(range(1, 101)), 0.95) == 95
-    assert learn_eval.quantile([7], 0.95) == 7
-    assert learn_eval.auc([3.0, 1.0], [2.0, 0.0]) == 0.75  # 3>2, 3>0, 1>0; 1<2
-    assert learn_eval.auc([1.0], [1.0]) == 0.5
-    assert learn_eval.auc([], [1.0]) is None
+    assert evaluation.quantile([5, 1, 3, 2, 4], 0.5) == 3
+    assert evaluation.quantile(list(range(1, 101)), 0.95) == 95
+    assert evaluation.quantile([7], 0.95) == 7
+    assert evaluation.auc([3.0, 1.0], [2.0, 0.0]) == 0.75  # 3>2, 3>0, 1>0; 1<2
+    assert evaluation.auc([1.0], [1.0]) == 0.5
+    assert evaluation.auc([], [1.0]) is None
 
 
 # Runs OpenRLHF's train_sft and train_rm (DeepSpeed on CPU) on a few dozen samples:

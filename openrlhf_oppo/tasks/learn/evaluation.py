@@ -1,39 +1,15 @@
-"""Measurements of the learn task (`openrlhf_oppo.tasks.learn`): the reward model's
-held-out accuracy, a policy's samples (exact match, lengths, learned reward, how the reward
-model judges the policy's own mistakes), the build summary and its table, and the final
-actors of PPO runs on held-out prompts (`bench convergence`). Models run in bf16, as PPO
-runs them."""
+"""Measurements of the learn task: the reward model's held-out accuracy, a policy's samples
+(exact match, lengths, learned reward, how the reward model judges the policy's own
+mistakes), the SFT policy's per-prompt baseline, and the final actors of PPO runs on
+held-out prompts (`bench convergence`). Models run in bf16, as PPO runs them."""
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 
-from openrlhf_oppo.tasks.learn import (
-    ASSET_VERSION,
-    LearnAssets,
-    LearnSpec,
-    LengthLaw,
-    _read_jsonl,
-    _Stages,
-    exact_match,
-    parse_prompt,
-)
-
-
-def scalars(log_dir: Path, tag: str) -> list[float]:
-    """One TensorBoard scalar series (by step) from the event files under `log_dir`."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values: dict[int, float] = {}
-    for events in sorted(log_dir.rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            values.update({e.step: e.value for e in acc.Scalars(tag)})
-    return [values[s] for s in sorted(values)]
+from openrlhf_oppo.tasks.learn.assets import LearnAssets, LearnSpec, read_jsonl
+from openrlhf_oppo.tasks.learn.task import LengthLaw, exact_match, parse_prompt
 
 
 def load_reward_model(path: Path):
@@ -65,7 +41,7 @@ def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 64) ->
             width = max(len(sequences[i]) for i in batch)
             ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(sequences[i])) + sequences[i] for i in batch])
             mask = torch.tensor([[0] * (width - len(sequences[i])) + [1] * len(sequences[i]) for i in batch])
-            for i, reward in zip(batch, model(ids, attention_mask=mask).float().tolist()):
+            for i, reward in zip(batch, model(ids, attention_mask=mask).float().tolist(), strict=False):
                 rewards[i] = reward
     return rewards
 
@@ -79,11 +55,11 @@ def rm_accuracy(model, tokenizer, pairs: list[dict], lengths: LengthLaw) -> dict
 
     chosen = score(model, tokenizer, [ids(p["prompt"] + p["chosen"]) for p in pairs])
     rejected = score(model, tokenizer, [ids(p["prompt"] + p["rejected"]) for p in pairs])
-    wins = [c > r for c, r in zip(chosen, rejected)]
+    wins = [c > r for c, r in zip(chosen, rejected, strict=False)]
 
     def share_by(key) -> dict[str, float]:
         groups: dict[str, list[bool]] = {}
-        for p, win in zip(pairs, wins):
+        for p, win in zip(pairs, wins, strict=False):
             groups.setdefault(key(p), []).append(win)
         return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
 
@@ -116,7 +92,7 @@ def sample_policy(actor_path: Path, prompts: list[str], max_new_tokens: int, see
             mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in batch])
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
                                  top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-            for i, row in zip(batch, out[:, width:].tolist()):
+            for i, row in zip(batch, out[:, width:].tolist(), strict=False):
                 end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
                 response_ids[i] = row[:end]
     return prompt_ids, response_ids
@@ -145,7 +121,7 @@ def _scored_samples(actor: Path, records: list[dict], spec: LearnSpec, seed: int
     response ids, the decoded responses and their learned rewards."""
     prompt_ids, response_ids = sample_policy(actor, [r["input"] for r in records], spec.max_new_tokens, seed)
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids)])
+    rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids, strict=False)])
     return prompt_ids, response_ids, texts, rewards
 
 
@@ -158,20 +134,20 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
     and how well it separates correct samples from wrong ones across prompts (AUC: also asks
     that rewards be comparable from prompt to prompt, which Bradley-Terry training on
     same-prompt pairs does not). Shares are over all `samples_per_prompt` samples of each prompt."""
-    prompts = _read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
+    prompts = read_jsonl(assets.prompts)[: spec.eval_prompts] if records is None else records
     records = [r for r in prompts for _ in range(samples_per_prompt)]
-    seen = {r["input"] for r in _read_jsonl(assets.data / "sft.jsonl")}
+    seen = {r["input"] for r in read_jsonl(assets.data / "sft.jsonl")}
     prompt_ids, response_ids, texts, rewards = _scored_samples(actor or assets.actor, records, spec, spec.seed,
                                                                reward_model, tokenizer)
-    correct = [exact_match(r["input"], t) for r, t in zip(records, texts)]
+    correct = [exact_match(r["input"], t) for r, t in zip(records, texts, strict=False)]
     gold_ids = [tokenizer(f" {r['label']}{tokenizer.eos_token}", add_special_tokens=False)["input_ids"]
                 for r in records]
-    gold_rewards = score(reward_model, tokenizer, [p + g for p, g in zip(prompt_ids, gold_ids)])
-    gold_wins = [g > x for x, g, ok in zip(rewards, gold_rewards, correct) if not ok]
+    gold_rewards = score(reward_model, tokenizer, [p + g for p, g in zip(prompt_ids, gold_ids, strict=False)])
+    gold_wins = [g > x for x, g, ok in zip(rewards, gold_rewards, correct, strict=False) if not ok]
     bands: dict[str, list[bool]] = {}
-    for r, ok in zip(records, correct):
+    for r, ok in zip(records, correct, strict=False):
         bands.setdefault(_band(len(r["label"].split()), spec.lengths), []).append(ok)
-    unseen = [ok for r, ok in zip(records, correct) if r["input"] not in seen]
+    unseen = [ok for r, ok in zip(records, correct, strict=False) if r["input"] not in seen]
     lengths = [len(r) for r in response_ids]
     return {
         "prompts": len(prompts),
@@ -185,10 +161,10 @@ def evaluate_policy(assets: LearnAssets, spec: LearnSpec, reward_model, tokenize
         "mean_reward": _mean(rewards),
         "wrong_samples": len(gold_wins),
         "reward_gold_above_wrong_sample": _mean(gold_wins),
-        "reward_auc_correct_vs_wrong": auc([x for x, ok in zip(rewards, correct) if ok],
-                                           [x for x, ok in zip(rewards, correct) if not ok]),
-        "mean_reward_correct": _mean([x for x, ok in zip(rewards, correct) if ok]),
-        "mean_reward_wrong": _mean([x for x, ok in zip(rewards, correct) if not ok]),
+        "reward_auc_correct_vs_wrong": auc([x for x, ok in zip(rewards, correct, strict=False) if ok],
+                                           [x for x, ok in zip(rewards, correct, strict=False) if not ok]),
+        "mean_reward_correct": _mean([x for x, ok in zip(rewards, correct, strict=False) if ok]),
+        "mean_reward_wrong": _mean([x for x, ok in zip(rewards, correct, strict=False) if not ok]),
     }
 
 
@@ -203,7 +179,7 @@ def sft_baseline(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer,
     minus this baseline of the prompts it trained on measures what the policy has learned
     rather than which prompts the step drew (`bench convergence`'s reward gain): a step of
     long lists scores far below one of short lists, whatever the policy."""
-    prompts = _read_jsonl(assets.prompts)
+    prompts = read_jsonl(assets.prompts)
     records = [r for r in prompts for _ in range(samples)]
     _, _, texts, rewards = _scored_samples(assets.actor, records, spec, spec.seed + 1, reward_model, tokenizer)
     rows = []
@@ -217,7 +193,7 @@ def sft_baseline(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer,
 def heldout_records(assets: LearnAssets, spec: LearnSpec, trained_prompts: int) -> list[dict]:
     """Up to `eval_prompts` RL prompts a PPO run with `--data.max_samples trained_prompts`
     never draws: OpenRLHF keeps the dataset's first max_samples rows, so these follow them."""
-    rows = _read_jsonl(assets.prompts)
+    rows = read_jsonl(assets.prompts)
     if len(rows) <= trained_prompts:
         raise ValueError(f"{assets.prompts}: no prompts after the first {trained_prompts} (--data.max_samples) "
                          f"to evaluate on; it holds {len(rows)}")
@@ -225,7 +201,7 @@ def heldout_records(assets: LearnAssets, spec: LearnSpec, trained_prompts: int) 
 
 
 def evaluate_actors(root: Path | str, actors: dict[str, Path], trained_prompts: int,
-                    spec: LearnSpec = LearnSpec(), samples_per_prompt: int = 1) -> dict[str, dict]:
+                    spec: LearnSpec = LearnSpec(), samples_per_prompt: int = 1) -> dict[str, dict]:  # noqa: B008 (frozen)
     """`evaluate_policy` of each actor directory (name -> path), all on the same held-out
     prompts (`heldout_records`), `samples_per_prompt` samples each with the same seed, scored
     by the task's reward model."""
@@ -243,99 +219,3 @@ def evaluate_actors(root: Path | str, actors: dict[str, Path], trained_prompts: 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
-
-# ---- the build ------------------------------------------------------------------------
-
-
-def measure(assets: LearnAssets, spec: LearnSpec, stages: _Stages | None = None, log=print) -> dict:
-    """The numbers of a built (or trained) asset directory: trainer losses from TensorBoard,
-    reward-model held-out accuracy and the SFT policy's samples, both in bf16 as PPO runs
-    them; with `stages`' times so far plus its own. Writes the SFT policy's baseline per RL
-    prompt (`sft_baseline`) to `assets.sft_baseline`."""
-    from transformers import AutoTokenizer
-
-    stages = _Stages() if stages is None else stages
-    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer)
-    reward_model = stages.run("load reward model (as PPO does)", lambda: load_reward_model(assets.reward), log)
-    heldout = _read_jsonl(assets.data / "rm_heldout.jsonl")
-    rm_acc = stages.run("RM held-out accuracy", lambda: rm_accuracy(reward_model, tokenizer, heldout, spec.lengths), log)
-    policy = stages.run("SFT policy samples", lambda: evaluate_policy(assets, spec, reward_model, tokenizer), log)
-    baseline = stages.run("SFT baseline per RL prompt", lambda: sft_baseline(assets, spec, reward_model, tokenizer), log)
-    assets.sft_baseline.write_text("".join(json.dumps(row) + "\n" for row in baseline))
-    sft_loss = scalars(assets.root / "logs" / "sft", "train/gpt_loss")
-    rm_loss = scalars(assets.root / "logs" / "rm", "train/loss")
-    rm_eval = scalars(assets.root / "logs" / "rm", "eval/acc_mean")
-    return {
-        "version": ASSET_VERSION,
-        "spec": asdict(spec),
-        "actor_params": _parameters(assets.actor),
-        "reward_params": sum(p.numel() for p in reward_model.parameters()),
-        "sft_steps": len(sft_loss),
-        "sft_loss_first": sft_loss[0] if sft_loss else None,
-        "sft_loss_last": sft_loss[-1] if sft_loss else None,
-        "rm_train_pairs": _rows(assets.data / "rm_train.jsonl"),
-        "rm_policy_pairs": _rows(assets.data / "rm_policy.jsonl"),
-        "rm_steps": len(rm_loss),
-        "rm_loss_first": rm_loss[0] if rm_loss else None,
-        "rm_loss_last": rm_loss[-1] if rm_loss else None,
-        "rm_heldout_pairs": len(heldout),
-        "rm_heldout_accuracy": rm_acc["accuracy"],
-        "rm_heldout_accuracy_by_kind": rm_acc["by_kind"],
-        "rm_heldout_accuracy_by_band": rm_acc["by_band"],
-        "rm_heldout_accuracy_trainer_eval": rm_eval[-1] if rm_eval else None,
-        "sft_policy": policy,
-        "stage_seconds": stages.seconds,
-        "stage_cpu_seconds": stages.cpu_seconds,
-        "total_seconds": sum(stages.seconds.values()),
-        "total_cpu_seconds": sum(stages.cpu_seconds.values()),
-    }
-
-
-def _rows(path: Path) -> int | None:
-    """Rows of a JSONL file (None if absent), without parsing them."""
-    if not path.exists():
-        return None
-    with path.open() as f:
-        return sum(1 for line in f if line.strip())
-
-
-def _parameters(model_dir: Path) -> int:
-    """Parameter count of a saved model (one safetensors file), without loading it."""
-    from safetensors import safe_open
-
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-
-
-def summary_table(s: dict) -> str:
-    """The build's numbers as a two-column table."""
-    p = s["sft_policy"]
-    tokens = p["response_tokens"]
-
-    def num(x, fmt=".3f"):
-        return "n/a" if x is None else format(x, fmt)
-
-    rows = [
-        ("actor / reward params", f"{s['actor_params']:,} / {s['reward_params']:,}"),
-        ("SFT loss first -> last", f"{num(s['sft_loss_first'])} -> {num(s['sft_loss_last'])} ({s['sft_steps']} steps)"),
-        ("RM training pairs", f"{s['rm_train_pairs']:,}, of which {s['rm_policy_pairs']:,} gold vs the SFT "
-                              "policy's own wrong samples"),
-        ("RM loss first -> last", f"{num(s['rm_loss_first'])} -> {num(s['rm_loss_last'])} ({s['rm_steps']} steps)"),
-        ("RM held-out accuracy", f"{s['rm_heldout_accuracy']:.3f} on {s['rm_heldout_pairs']} pairs (bf16, as PPO runs "
-                                 f"it; {num(s['rm_heldout_accuracy_trainer_eval'])} in train_rm's own eval)"),
-        *((f"  {kind}", f"{acc:.3f}") for kind, acc in s["rm_heldout_accuracy_by_kind"].items()),
-        *((f"  {band} lists", f"{acc:.3f}") for band, acc in s["rm_heldout_accuracy_by_band"].items()),
-        ("SFT exact match (T=1)", f"{p['exact_match']:.3f} on {p['prompts']} RL prompts; "
-                                  f"{num(p['exact_match_unseen'])} on {p['unseen_prompts']} unseen in SFT"),
-        *((f"  {band} lists", f"{v['exact_match']:.3f} ({v['n']})") for band, v in p["exact_match_by_band"].items()),
-        ("response tokens", f"median {tokens['median']}, p95 {tokens['p95']}, max {tokens['max']}, "
-                            f"{tokens['at_cap']:.1%} at the cap"),
-        ("RM on SFT's wrong samples", f"gold answer scored higher for {num(p['reward_gold_above_wrong_sample'])} "
-                                      f"of {p['wrong_samples']}"),
-        ("RM AUC on SFT samples", f"{num(p['reward_auc_correct_vs_wrong'])} (correct vs wrong, across prompts)"),
-        *((f"time: {name}", f"{sec:.1f} s ({s['stage_cpu_seconds'][name]:.1f} s CPU)")
-          for name, sec in s["stage_seconds"].items()),
-        ("time: total", f"{s['total_seconds']:.1f} s ({s['total_cpu_seconds']:.1f} s CPU)"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(["learn task build summary", *(f"  {k:<{width}}  {v}" for k, v in rows)])

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openrlhf_oppo.bench.convergence import _fmt, _spread, table_line, task_root
-from openrlhf_oppo.tasks import learn, learn_eval
+from openrlhf_oppo.bench.convergence.runs import task_root
+from openrlhf_oppo.bench.table import fmt, spread, table_line
+from openrlhf_oppo.tasks import learn
+from openrlhf_oppo.tasks.learn import evaluation
 
 SAMPLES_PER_PROMPT = 4
 """Samples of each held-out prompt per actor: one sample each of 256 prompts left a 0.03
@@ -16,7 +18,7 @@ FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match
 
 def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
     """The learn task's SFT policy and every finished run's final actor (`<run>/model`) on
-    the same prompts no run trained on (`tasks.learn_eval.heldout_records`), SAMPLES_PER_PROMPT
+    the same prompts no run trained on (`tasks.learn.evaluation.heldout_records`), SAMPLES_PER_PROMPT
     samples each at temperature 1 with one seed: exact match (overall, on 7-14 and 15-40 word
     lists), mean learned reward, median response length. None for another task."""
     from openrlhf_oppo.integrations.launch import yaml_config
@@ -30,8 +32,9 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
     trained = int(yaml_config.load(config_path).flags.get("data.max_samples") or 0)
     actors = {"sft": learn.LearnAssets(root).actor}
     actors.update({f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
-                   for seed, r in by_seed.items() if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
-    evals = learn_eval.evaluate_actors(root, actors, trained, samples_per_prompt=SAMPLES_PER_PROMPT)
+                   for seed, r in by_seed.items()
+                   if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
+    evals = evaluation.evaluate_actors(root, actors, trained, samples_per_prompt=SAMPLES_PER_PROMPT)
 
     def figures(e: dict) -> dict:
         bands = e["exact_match_by_band"]
@@ -41,12 +44,12 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
                 "median_response_tokens": e["response_tokens"]["median"]}
 
     per_actor = {name: figures(e) for name, e in evals.items()}
-    rows = [{"schedule": "sft", **{k: _spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
+    rows = [{"schedule": "sft", **{k: spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
     for name, by_seed in runs.items():
         figs = [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
         if figs:
             rows.append({"schedule": name, "runs": len(figs),
-                         **{k: _spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
+                         **{k: spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
     return {"prompts": evals["sft"]["prompts"], "samples_per_prompt": SAMPLES_PER_PROMPT, "first_row": trained,
             "rows": rows, "per_actor": per_actor}
 
@@ -59,7 +62,7 @@ def print_table(fe: dict) -> None:
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
     for r in fe["rows"]:
-        cells = [r["schedule"], _fmt(r["exact_match"], ".3f"), _fmt(r["mean_reward"], ".3f"),
-                 _fmt(r["exact_match_mid"], ".3f"), _fmt(r["exact_match_long"], ".3f"),
-                 _fmt(r["median_response_tokens"], ".0f")]
+        cells = [r["schedule"], fmt(r["exact_match"], ".3f"), fmt(r["mean_reward"], ".3f"),
+                 fmt(r["exact_match_mid"], ".3f"), fmt(r["exact_match_long"], ".3f"),
+                 fmt(r["median_response_tokens"], ".0f")]
         print(table_line(cells, widths))

@@ -1,7 +1,8 @@
 """OpenRLHF's trainers (`openrlhf.cli.train_sft`, `train_rm`) as the learn task's build runs
 them: subprocess command lines and environment, and the entry point that runs them with fp32
 parameters and train_rm's batches grouped by length (`fp32_trainer_main`, named in a
-`python -c` command line). See `openrlhf_oppo.tasks.learn` for the task and its assets."""
+`python -c` command line). See `openrlhf_oppo.tasks.learn` for the task and its assets;
+above `assets`, below `builder`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from openrlhf_oppo.tasks.learn import LearnAssets, LearnSpec
+from openrlhf_oppo.tasks.learn.assets import LearnAssets, LearnSpec
 
 
 def trainer_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -83,7 +84,7 @@ def rm_argv(assets: LearnAssets, spec: LearnSpec, pairs: int) -> list[str]:
     ], spec.train_dtype)
 
 
-_FP32_ENTRY = "from openrlhf_oppo.tasks.learn_trainers import fp32_trainer_main; fp32_trainer_main()"
+_FP32_ENTRY = "from openrlhf_oppo.tasks.learn.trainers import fp32_trainer_main; fp32_trainer_main()"
 
 
 def trainer_argv(module: str, flags: list[str], dtype: str) -> list[str]:
@@ -110,7 +111,8 @@ accuracy 0.869 with a step of 0.28 s; groups of 4 batches 0.889 and 0.13 s; grou
 whose batches are nearly of one length, 0.797 (0.41 on long lists) and 0.12 s."""
 
 
-def length_grouped_order(lengths: list[int], batch_size: int, seed: int, group_batches: int = GROUP_BATCHES) -> list[int]:
+def length_grouped_order(lengths: list[int], batch_size: int, seed: int,
+                         group_batches: int = GROUP_BATCHES) -> list[int]:
     """A shuffled order of range(len(lengths)) in which each consecutive block of batch_size
     holds samples of similar length (the idea of transformers' `group_by_length`): a random
     permutation cut into groups of group_batches batches, each group sorted by length and cut
@@ -138,7 +140,7 @@ def _pair_lengths(dataset) -> list[int] | None:
     if not hasattr(dataset, "chosens"):
         return None
     return [len(p.split()) + max(len(c.split()), len(r.split()))
-            for p, c, r in zip(dataset.prompts, dataset.chosens, dataset.rejects)]
+            for p, c, r in zip(dataset.prompts, dataset.chosens, dataset.rejects, strict=False)]
 
 
 def _length_grouped(setup_dataloader):
@@ -181,7 +183,8 @@ def fp32_trainer_main() -> None:
     utils.convert_to_torch_dtype = lambda param_dtype: torch.float32
     strategy_module.get_train_ds_config = _without_half_precision(strategy_module.get_train_ds_config)
     strategy_module.get_eval_ds_config = _without_half_precision(strategy_module.get_eval_ds_config)
-    strategy_module.DeepspeedStrategy.setup_dataloader = _length_grouped(strategy_module.DeepspeedStrategy.setup_dataloader)
+    strategy = strategy_module.DeepspeedStrategy
+    strategy.setup_dataloader = _length_grouped(strategy.setup_dataloader)
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -1,0 +1,29 @@
+"""The benches' printed tables: a figure over repeats or seeds as (median, min, max) and
+its cell, shared by `bench schedules`, `bench convergence` and its final evaluation."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+Spread = tuple  # (median, min, max), all None when there is nothing
+
+
+def spread(values: Iterable[float | None]) -> Spread:
+    """(median, min, max) of the values that are not None; Nones when there is none."""
+    present = [v for v in values if v is not None]
+    return (statistics.median(present), min(present), max(present)) if present else (None, None, None)
+
+
+def fmt(fig: Spread, spec: str, show_range: bool = True) -> str:
+    """A figure's cell: "median [min-max]" (the median alone when min = max or without
+    `show_range`), "-" when there is nothing."""
+    med, lo, hi = fig
+    if med is None:
+        return "-"
+    return f"{med:{spec}} [{lo:{spec}}-{hi:{spec}}]" if show_range and lo != hi else f"{med:{spec}}"
+
+
+def table_line(cells: list[str], widths: list[int]) -> str:
+    """One line of a printed table: the first cell left-aligned, the others right-aligned."""
+    return " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths, strict=False)))
