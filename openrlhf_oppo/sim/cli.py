@@ -2,7 +2,7 @@
 
     openrlhf-oppo simulate --preset paper-7b-h200 [--set key=value ...] [--output DIR]
     openrlhf-oppo simulate --preset paper-7b-h200 --sweep delta.max=0,4,8,16 [--sweep ...]
-    openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output configs/sim/cpu-longtail.yaml
+    openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output openrlhf_oppo/sim/presets/cpu-longtail.yaml
 
 Prints `bench schedules`' table for every schedule (and, for a preset with the paper's
 figures, the calibration table), writes each schedule's simulated timeline in the format
