@@ -186,7 +186,8 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo simulate calibrate", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--output", type=Path, required=True, help="the preset to write (e.g. openrlhf_oppo/sim/presets/cpu-longtail.yaml)")
+    p.add_argument("--output", type=Path, required=True,
+                   help="the preset to write (e.g. openrlhf_oppo/sim/presets/cpu-longtail.yaml)")
     p.add_argument("--base", default="cpu-longtail", help="preset whose split, workload and oppo sections are kept")
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help="prompt tokens to subtract from rollouts.jsonl sequences (default: the base preset's)")
