@@ -2,33 +2,37 @@
 
 Every field carries its help text in ``metadata["help"]``; CLI flags are generated
 from the fields (``--oppo.delta.init 8``, matching OpenRLHF's dotted flags), and YAML
-is read into the same dataclasses. Validation raises ``ValueError`` naming the field
-(as its flag) and the allowed values. A user's value is never rewritten silently.
+is read into the same dataclasses, both by the codec of :mod:`openrlhf_oppo.settings`
+(this module holds the schema and its validation). Validation raises ``ValueError``
+naming the field (as its flag) and the allowed values. A user's value is never
+rewritten silently.
 
-Stdlib only (PyYAML is imported lazily by :func:`load_yaml`), so the scheduler core
+Stdlib only (PyYAML is imported lazily when YAML is read), so the scheduler core
 can depend on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
-import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+from openrlhf_oppo import settings
+from openrlhf_oppo.settings import setting as _f
 
 FLAG_PREFIX = "oppo"
 REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
-
-
-def _require(ok: bool, name: str, allowed: str, value: Any) -> None:
-    if not ok:
-        raise ValueError(f"--{FLAG_PREFIX}.{name} must be {allowed}, got {value!r}")
+# YAML and flags read alike: a flag's text converts when lossless ("8", "true", "64,128").
+CODEC = settings.Codec(
+    leaf=f"--{FLAG_PREFIX}.{{key}}",
+    section=f"{FLAG_PREFIX}{{dotted}}",
+    unknown=f"unknown key '{FLAG_PREFIX}.{{where}}{{key}}'; allowed: {{names}}",
+    text=settings.ARGV,
+    prefix=FLAG_PREFIX,
+)
+_require = CODEC.require
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ class ChunkConfig:
             "a non-empty list of integers >= 1",
             self.candidates,
         )
-        _require(len(set(self.candidates)) == len(self.candidates), "chunk.candidates", "free of duplicates", self.candidates)
+        _require(len(set(self.candidates)) == len(self.candidates), "chunk.candidates", "free of duplicates",
+                 self.candidates)
         _require(self.trial_steps >= 1, "chunk.trial_steps", "an integer >= 1", self.trial_steps)
         round_steps = len(self.candidates) * self.trial_steps
         _require(
@@ -124,7 +129,8 @@ class StalenessConfig:
         self.validate()
 
     def validate(self) -> None:
-        _require(self.max_deferral_steps >= 1, "staleness.max_deferral_steps", "an integer >= 1", self.max_deferral_steps)
+        _require(self.max_deferral_steps >= 1, "staleness.max_deferral_steps", "an integer >= 1",
+                 self.max_deferral_steps)
         _require(
             self.correction in ("none", "tis", "icepop"),
             "staleness.correction",
@@ -198,171 +204,43 @@ class OppoConfig:
             section.validate()
 
 
-# --------------------------------------------------------------------------- loading
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _coerce(value: Any, tp: Any, name: str) -> Any:
-    """Check a YAML/CLI value against the field's type; convert only lossless cases."""
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.replace(",", " ").split() if v]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"--{FLAG_PREFIX}.{name} must be a list, got {value!r}")
-        (item_tp, _) = typing.get_args(tp)
-        return tuple(_coerce(v, item_tp, name) for v in value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"--{FLAG_PREFIX}.{name} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError(f"--{FLAG_PREFIX}.{name} must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ValueError(f"--{FLAG_PREFIX}.{name} must be an integer, got {value!r}")
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"--{FLAG_PREFIX}.{name} must be a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config field type {tp!r} for {name}")
-
-
-def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{FLAG_PREFIX}{'.' + path if path else ''} must be a mapping, got {data!r}")
-    hints = _field_types(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        where = f"{FLAG_PREFIX}.{path}." if path else f"{FLAG_PREFIX}."
-        raise ValueError(f"unknown key '{where}{unknown[0]}'; allowed: {', '.join(sorted(names))}")
-    kwargs = {}
-    for key, value in data.items():
-        name = f"{path}.{key}" if path else key
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, name)
-        else:
-            kwargs[key] = _coerce(value, tp, name)
-    return cls(**kwargs)
+# ------------------------------------------------------------------- loading and CLI
 
 
 def from_dict(data: Mapping[str, Any] | None) -> OppoConfig:
     """Build and validate an :class:`OppoConfig` from a nested mapping (the YAML's ``oppo:``)."""
-    return _build(OppoConfig, data or {}, "")
+    return CODEC.build(OppoConfig, data or {})
 
 
 def load_yaml(path: str) -> OppoConfig:
     """Read the ``oppo:`` section of a YAML file (a file with no such key gives defaults)."""
-    import yaml
-
-    try:
-        with open(path) as fh:
-            doc = yaml.safe_load(fh) or {}
-    except FileNotFoundError:
-        raise ValueError(f"config file not found: {path}") from None
-    if not isinstance(doc, Mapping):
-        raise ValueError(f"{path}: top level must be a mapping")
-    return from_dict(doc.get(FLAG_PREFIX))
+    return from_dict(settings.read_yaml(path).get(FLAG_PREFIX))
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """Nested plain-dict form (tuples become lists), for YAML, JSON and checkpoints."""
-    out = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            out[f.name] = to_dict(value)
-        elif isinstance(value, tuple):
-            out[f.name] = list(value)
-        else:
-            out[f.name] = value
-    return out
-
-
-# ------------------------------------------------------------------------------ CLI
-
-
-def _leaves(cls: type, path: str = "") -> list[tuple[str, Any, dataclasses.Field]]:
-    hints = _field_types(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        name = f"{path}.{f.name}" if path else f.name
-        if dataclasses.is_dataclass(hints[f.name]):
-            out += _leaves(hints[f.name], name)
-        else:
-            out.append((name, hints[f.name], f))
-    return out
+    return settings.to_dict(cfg)
 
 
 def add_cli_flags(parser: argparse.ArgumentParser) -> None:
     """Add one ``--oppo.<section>.<field>`` flag per config field (default: unset)."""
-    group = parser.add_argument_group("OPPO", "pipeline overlap (defaults shown; unset flags keep YAML/defaults)")
-    defaults = OppoConfig()
-    for name, tp, f in _leaves(OppoConfig):
-        shown = _shown(_get_path(defaults, name))
-        kw: dict[str, Any] = dict(dest=f"{FLAG_PREFIX}.{name}", default=None, help=f"{f.metadata['help']} [default: {shown}]")
-        if typing.get_origin(tp) is tuple:
-            kw["nargs"] = "+"
-        if "choices" in f.metadata:
-            kw["choices"] = f.metadata["choices"]
-        group.add_argument(f"--{FLAG_PREFIX}.{name}", **kw)
-
-
-def _get_path(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+    CODEC.add_flags(parser, OppoConfig, "OPPO", "pipeline overlap (defaults shown; unset flags keep YAML/defaults)")
 
 
 def from_cli(args: argparse.Namespace | Mapping[str, Any], base: OppoConfig | None = None) -> OppoConfig:
     """Overlay the ``--oppo.*`` flags that were given on ``base`` (YAML or defaults)."""
     values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    data = to_dict(base or OppoConfig())
-    for key, value in values.items():
-        if not key.startswith(FLAG_PREFIX + ".") or value is None:
-            continue
-        *sections, leaf = key.split(".")[1:]
-        node = data
-        for s in sections:
-            node = node[s]
-        node[leaf] = value
-    return from_dict(data)
+    return CODEC.overlay(values, base or OppoConfig())
 
 
 def to_cli_args(cfg: OppoConfig) -> list[str]:
     """Every field as ``--oppo.<section>.<field> value`` flags (the inverse of :func:`from_cli`)."""
-    argv: list[str] = []
-    for name, _, _ in _leaves(OppoConfig):
-        value = _get_path(cfg, name)
-        argv.append(f"--{FLAG_PREFIX}.{name}")
-        argv += [str(v) for v in value] if isinstance(value, tuple) else [str(value).lower() if isinstance(value, bool) else str(value)]
-    return argv
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, tuple):
-        return " ".join(map(str, value))
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    return CODEC.to_argv(cfg)
 
 
 def flags_markdown() -> str:
     """docs/flags.md: every ``--oppo.*`` flag by section, with type, default and help
     (``openrlhf-oppo config --flags-md > docs/flags.md``)."""
-    hints = _field_types(OppoConfig)
-    defaults = OppoConfig()
     lines = [
         "# `--oppo.*` flags",
         "",
@@ -371,22 +249,12 @@ def flags_markdown() -> str:
         "(`--oppo.delta.init 8` is `oppo: {delta: {init: 8}}`); flags given on the command line override",
         "the YAML. Every other flag of `python -m openrlhf_oppo.cli.train_ppo_ray` is OpenRLHF 0.11.2's.",
     ]
-    for section in dataclasses.fields(OppoConfig):
-        cls = hints[section.name]
-        lines += ["", f"## `{section.name}`: {section.metadata['help']}", "", inspect.getdoc(cls) or "", "",
-                  "| flag | type | default | meaning |", "|---|---|---|---|"]
-        for name, tp, f in _leaves(cls, section.name):
-            kind = f"list of {typing.get_args(tp)[0].__name__}" if typing.get_origin(tp) is tuple else tp.__name__
-            if "choices" in f.metadata:
-                kind = " \\| ".join(f"`{c}`" for c in f.metadata["choices"])
-            text = f.metadata["help"].replace("|", "\\|")
-            lines.append(f"| `--{FLAG_PREFIX}.{name}` | {kind} | `{_shown(_get_path(defaults, name))}` | {text} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + CODEC.flag_tables(OppoConfig)) + "\n"
 
 
 def field_help() -> dict[str, str]:
     """``{"delta.init": "...", ...}``: the help text of every leaf field."""
-    return {name: f.metadata["help"] for name, _, f in _leaves(OppoConfig)}
+    return settings.field_help(OppoConfig)
 
 
 __all__ = [

@@ -4,34 +4,23 @@ This is the engine under the three streaming scorers (`streaming.py`). It owns
 the recorded tokens of every open sequence, their KV caches, the KV budget with
 LRU eviction and transparent re-prefill, and the batched forward.
 
-Batched forward across sequences of different cached lengths (one micro-batch):
+The batched forward's padded inputs and stacked KV cache (right-aligned pasts,
+one contiguous slice per sequence) are built in `padded_batch.py`.
 
-    kv index:    0 .. L-1 (past, right-aligned)  | L .. L+N-1 (new, left-aligned)
-    seq a (L=5): k k k k k                       | n n n . .
-    seq b (L=3): . . k k k                       | n n n n n
-    seq c (L=0): . . . . .                       | n n . . .
-
-Each sequence's past is right-aligned at index L and its new tokens start at
-index L, so past + new is one contiguous slice `[L - past, L + new)` that we
-clone back out after the forward. The 2-D attention mask zeroes the holes and
-transformers' causal rule (query j at kv index L + j) keeps every real query
-away from the right padding of the new block. Position ids are given per
-sequence (`past + j`), so rotary embeddings are exactly the one-shot ones.
-
-Written against transformers 5.15.0 (`transformers.cache_utils.Cache`,
-`DynamicLayer`): models built on the generic decoder (`Qwen2Model`,
-`LlamaModel`, ...) with full attention on every layer.
+Written against transformers 5.15.0: models built on the generic decoder
+(`Qwen2Model`, `LlamaModel`, ...) with full attention on every layer.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicLayer
+
+from openrlhf_oppo.models.padded_batch import padded_inputs, stacked_cache
 
 
 class UnknownSequenceError(KeyError):
@@ -104,38 +93,12 @@ class _Sequence:
     evicted_len_tokens: int = 0  # cached tokens lost to the last eviction
 
 
-class _PaddedPastLayer(DynamicLayer):
-    """A cache layer over one preallocated `(B, kv_heads, L + N, head_dim)` buffer.
-
-    The padded past is already in `[:L]`; `update` writes the new keys/values
-    into `[L:L+N]` instead of `torch.cat` (which would copy the whole batch's
-    cache once more per layer and forward).
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_len_tokens: int):
-        super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.keys = keys
-        self.values = values
-        self.is_initialized = True
-        self.filled_len_tokens = past_len_tokens
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        start, end = self.filled_len_tokens, self.filled_len_tokens + key_states.shape[-2]
-        self.keys[:, :, start:end] = key_states
-        self.values[:, :, start:end] = value_states
-        self.filled_len_tokens = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def get_seq_length(self) -> int:
-        return self.filled_len_tokens
-
-
 def _check_backbone_config(backbone: nn.Module) -> None:
     layer_types = getattr(backbone.config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         raise NotImplementedError(
-            f"streaming prefill supports full-attention layers only; this model has layer_types={sorted(set(layer_types))}"
+            "streaming prefill supports full-attention layers only; "
+            f"this model has layer_types={sorted(set(layer_types))}"
         )
 
 
@@ -209,14 +172,18 @@ class PrefillEngine:
 
     def _check_tokens(self, seq_id: int, token_ids: Iterable[int], what: str) -> list[int]:
         if isinstance(token_ids, (str, bytes, torch.Tensor)):
-            raise TokenIdError(f"seq_id {seq_id}: {what} must be a list of int token ids, got {type(token_ids).__name__}")
+            raise TokenIdError(
+                f"seq_id {seq_id}: {what} must be a list of int token ids, got {type(token_ids).__name__}"
+            )
         out = []
         for t in token_ids:
             if isinstance(t, bool) or not isinstance(t, numbers.Integral):
                 raise TokenIdError(f"seq_id {seq_id}: {what} holds {t!r} ({type(t).__name__}), not an int token id")
             t = int(t)
             if not 0 <= t < self.vocab_size:
-                raise TokenIdError(f"seq_id {seq_id}: token id {t} in {what} is outside the vocabulary [0, {self.vocab_size})")
+                raise TokenIdError(
+                    f"seq_id {seq_id}: token id {t} in {what} is outside the vocabulary [0, {self.vocab_size})"
+                )
             out.append(t)
         return out
 
@@ -284,7 +251,7 @@ class PrefillEngine:
         for group in self._micro_batches(todo):
             self._make_room(group)
             hidden = self._forward_group([self._seqs[s] for s in group])
-            for seq_id, h in zip(group, hidden):
+            for seq_id, h in zip(group, hidden, strict=True):
                 seq = self._seqs[seq_id]
                 first_pos = seq.cached_len_tokens - h.shape[0]
                 prev_hidden, prev_pos = prev[seq_id]
@@ -323,7 +290,9 @@ class PrefillEngine:
         self._evictions += 1
 
     def _lru(self, exclude: set[int]) -> list[_Sequence]:
-        cands = [(s.last_used_tick, sid, s) for sid, s in self._seqs.items() if s.cached_len_tokens and sid not in exclude]
+        cands = [
+            (s.last_used_tick, sid, s) for sid, s in self._seqs.items() if s.cached_len_tokens and sid not in exclude
+        ]
         return [s for _, _, s in sorted(cands, key=lambda c: (c[0], c[1]))]
 
     def _make_room(self, group: list[int]) -> None:
@@ -350,20 +319,11 @@ class PrefillEngine:
         """One batched forward of every uncached token of `group`; returns (n_i, H) per sequence."""
         past = [s.cached_len_tokens for s in group]
         new = [s.token_ids[s.cached_len_tokens :] for s in group]
-        batch, max_past, max_new = len(group), max(past), max(len(n) for n in new)
+        max_past, max_new = max(past), max(len(n) for n in new)
         device = self.backbone.get_input_embeddings().weight.device
 
-        input_ids = torch.zeros(batch, max_new, dtype=torch.long)
-        position_ids = torch.zeros(batch, max_new, dtype=torch.long)
-        attention_mask = torch.zeros(batch, max_past + max_new, dtype=torch.long)
-        steps = torch.arange(max_new)
-        for i, (p, toks) in enumerate(zip(past, new)):
-            input_ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-            # Padded query slots repeat the last real position: never beyond the sequence.
-            position_ids[i] = p + steps.clamp(max=len(toks) - 1)
-            attention_mask[i, max_past - p : max_past + len(toks)] = 1
-
-        cache = self._stacked_cache(group, past, max_past, max_new)
+        input_ids, position_ids, attention_mask = padded_inputs(past, new)
+        cache = stacked_cache([s.kv for s in group], past, max_new)
         out = self.backbone(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -375,7 +335,7 @@ class PrefillEngine:
         self._forward_calls += 1
 
         results = []
-        for i, (seq, p, toks) in enumerate(zip(group, past, new)):
+        for i, (seq, p, toks) in enumerate(zip(group, past, new, strict=True)):
             n = len(toks)
             seq.kv = [
                 (
@@ -395,25 +355,3 @@ class PrefillEngine:
             seq.last_hidden_pos = p + n - 1
             results.append(h)
         return results
-
-    def _stacked_cache(self, group: list[_Sequence], past: list[int], max_past: int, max_new: int) -> Cache:
-        """The group's caches right-aligned at `max_past` in buffers with room for the new tokens."""
-        if max_past == 0:
-            return _fresh_cache()
-        ref = next(s for s in group if s.cached_len_tokens)
-        layers = []
-        for layer_idx, (k_ref, _) in enumerate(ref.kv):
-            kv_heads, _, head_dim = k_ref.shape
-            shape = (len(group), kv_heads, max_past + max_new, head_dim)
-            keys = k_ref.new_zeros(shape)
-            values = k_ref.new_zeros(shape)
-            for i, (seq, p) in enumerate(zip(group, past)):
-                if p:
-                    keys[i, :, max_past - p : max_past] = seq.kv[layer_idx][0]
-                    values[i, :, max_past - p : max_past] = seq.kv[layer_idx][1]
-            layers.append(_PaddedPastLayer(keys, values, max_past))
-        return Cache(layers=layers)
-
-
-def _fresh_cache() -> Cache:
-    return Cache(layer_class_to_replicate=DynamicLayer)

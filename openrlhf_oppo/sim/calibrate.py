@@ -161,13 +161,13 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
     """The base preset's YAML with measured `costs`, overheads and an empirical length file beside it."""
     import yaml
 
-    base_path = presets.CONFIG_DIR / f"{base_name}.yaml" if not Path(base_name).exists() else Path(base_name)
+    base_path = presets.PRESET_DIR / f"{base_name}.yaml" if not Path(base_name).exists() else Path(base_name)
     raw = yaml.safe_load(base_path.read_text()) or {}
     lengths_file = out.with_name(out.stem + "-lengths.json")
     lengths_file.write_text(json.dumps(found["lengths"]))
     raw["costs"] = {k: float(f"{v:.6g}") for k, v in found["costs"].items()}
     raw.setdefault("efficiency", {}).update({k: float(f"{v:.6g}") for k, v in found["efficiency"].items()})
-    rel = lengths_file.name if out.parent.resolve() == presets.CONFIG_DIR.resolve() else str(lengths_file.resolve())
+    rel = lengths_file.name if out.parent.resolve() == presets.PRESET_DIR.resolve() else str(lengths_file.resolve())
     raw["lengths"] = {**(raw.get("lengths") or {}), "kind": "empirical", "path": rel, "prompt_tokens": prompt_tokens}
     raw["lengths"].pop("quantiles", None)
     raw.pop("name", None)
@@ -186,7 +186,8 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo simulate calibrate", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--output", type=Path, required=True, help="the preset to write (e.g. configs/sim/cpu-longtail.yaml)")
+    p.add_argument("--output", type=Path, required=True,
+                   help="the preset to write (e.g. openrlhf_oppo/sim/presets/cpu-longtail.yaml)")
     p.add_argument("--base", default="cpu-longtail", help="preset whose split, workload and oppo sections are kept")
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help="prompt tokens to subtract from rollouts.jsonl sequences (default: the base preset's)")

@@ -2,7 +2,7 @@
 
     openrlhf-oppo simulate --preset paper-7b-h200 [--set key=value ...] [--output DIR]
     openrlhf-oppo simulate --preset paper-7b-h200 --sweep delta.max=0,4,8,16 [--sweep ...]
-    openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output configs/sim/cpu-longtail.yaml
+    openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output openrlhf_oppo/sim/presets/cpu-longtail.yaml
 
 Prints `bench schedules`' table for every schedule (and, for a preset with the paper's
 figures, the calibration table), writes each schedule's simulated timeline in the format
@@ -14,6 +14,7 @@ Keys: `openrlhf_oppo.sim.presets` (`delta.*`, `chunk.*`, ... are the `oppo:` sec
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from pathlib import Path
 
@@ -33,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", nargs="+", default=None,
                    help=f"schedules to simulate (default: all; sweeps: {' '.join(SWEEP_SCHEDULES)}); "
                         f"allowed: {', '.join(SCHEDULE_NAMES)}")
-    p.add_argument("--output", type=Path, default=None, help="timelines, PNGs, summary.json (default: runs/sim/<preset>)")
+    p.add_argument("--output", type=Path, default=None,
+                   help="timelines, PNGs, summary.json (default: runs/sim/<preset>)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--plot-steps", type=int, default=4, help="steps drawn in the timeline PNGs (after warm-up)")
     return p
@@ -49,21 +51,30 @@ def main(argv: list[str]) -> int:
     schedules = _schedules(args.schedules, SWEEP_SCHEDULES if args.sweep else SCHEDULE_NAMES)
     base = presets.load_preset(args.preset, sets)  # validates the preset and every --set first
     out = args.output or Path("runs") / "sim" / base.name
+    no_plot = args.no_plot or not _can_plot()
     t0 = time.perf_counter()
     if args.sweep:
-        _sweep(args.preset, sets, args.sweep, schedules, base, out, args.no_plot)
+        _sweep(args.preset, sets, args.sweep, schedules, base, out, no_plot)
     else:
         sim = report.run_all(base, schedules)
         report.print_tables(sim)
         if base.paper.both and {"sync", "oppo-intra", "oppo-inter", "oppo"} <= set(schedules):
             report.print_calibration(sim)
         print(f"simulated in {time.perf_counter() - t0:.1f} s")
-        if not args.no_plot:
+        if not no_plot:
             report.write_outputs(sim, out, plot_steps=args.plot_steps)
         else:
             report.write_outputs(sim, out, plot_schedules=())
         print(f"timelines and summary: {out}")
     return 0
+
+
+def _can_plot() -> bool:
+    """PNGs need matplotlib (the `bench` extra); without it the tables, timelines and summary still come."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    print("note: matplotlib is not installed (pip install 'openrlhf-oppo[bench]'), so no PNG is drawn")
+    return False
 
 
 def _schedules(given: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -88,8 +99,8 @@ def sweep_points(sweeps: list[str], base: presets.SimConfig) -> list[tuple[str, 
     if len({len(v) for v in values}) != 1:
         raise ValueError(f"--sweep: zipped sweeps need as many values each, got {[len(v) for v in values]}")
     points = []
-    for vals in zip(*values):
-        items = [f"{k}={v}" for k, v in zip(keys, vals)]
+    for vals in zip(*values, strict=True):  # equal lengths, checked above
+        items = [f"{k}={v}" for k, v in zip(keys, vals, strict=True)]
         if "oppo.delta.max" in keys and "oppo.delta.init" not in keys:
             dmax = int(vals[keys.index("oppo.delta.max")])
             if base.oppo.delta.init > dmax:

@@ -9,7 +9,7 @@ import math
 import random
 from pathlib import Path
 
-from openrlhf_oppo.sim.presets import CONFIG_DIR, Lengths
+from openrlhf_oppo.sim.presets import PRESET_DIR, Lengths
 
 
 class LengthSampler:
@@ -50,7 +50,7 @@ def load_empirical(cfg: Lengths) -> list[int]:
     """Response lengths from a JSON list, or from a rollouts.jsonl (sequence length - prompt_tokens)."""
     path = Path(cfg.path)
     if not path.is_absolute():
-        path = CONFIG_DIR / path
+        path = PRESET_DIR / path
     if not path.exists():
         raise ValueError(f"--set lengths.path: no file {path}")
     text = path.read_text()

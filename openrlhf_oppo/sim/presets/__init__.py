@@ -1,32 +1,42 @@
-"""Simulator presets: frozen dataclasses read from `configs/sim/*.yaml`.
+"""Simulator presets: frozen dataclasses read from the YAML files beside this module.
 
-A preset names a hardware entry (`configs/sim/hardware.yaml`), model shapes
-(`configs/sim/models.yaml`), a length distribution, a GPU split, efficiencies, the
-workload and OPPO's own settings (`openrlhf_oppo.config`). `--set key=value` edits the
-merged mapping before it is built, so a bad key or value fails like a bad flag: a
-`ValueError` naming the key and what is allowed. PyYAML is imported lazily.
+A preset (`openrlhf_oppo/sim/presets/<name>.yaml`) names a hardware entry
+(`hardware.yaml`), model shapes (`models.yaml`), a length distribution, a GPU split,
+efficiencies, the workload and OPPO's own settings (`openrlhf_oppo.config`). The files
+ship inside the package and are found with `importlib.resources`, so an installed
+wheel simulates as a checkout does. `--set key=value` edits the merged mapping before
+it is built (by the codec of `openrlhf_oppo.settings`), so a bad key or value fails
+like a bad flag: a `ValueError` naming the key and what is allowed. PyYAML is
+imported lazily.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import types
-import typing
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo import settings
 from openrlhf_oppo.config import OppoConfig
+from openrlhf_oppo.settings import setting as _f
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "sim"
+# A package on the file system (a checkout, or an installed wheel) gives a real directory.
+PRESET_DIR = Path(str(resources.files(__name__)))
 CATALOG_KEYS = {"hardware": "hardware.yaml", "actor": "models.yaml", "reward": "models.yaml", "critic": "models.yaml"}
 OPPO_SECTIONS = ("delta", "chunk", "staleness", "streaming")  # `--set delta.max=8` means `oppo.delta.max`
-
-
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+# Preset values come typed from YAML; a message names the key as `--set` spells it.
+CODEC = settings.Codec(
+    leaf="--set {key}:",
+    section="--set {path}:",
+    unknown="--set {where}{key}: unknown key; allowed: {qualified}",
+    text=settings.YAML,
+)
+_require = CODEC.require
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ class Lengths:
     quantiles: tuple[tuple[float, float], ...] = _f((), "quantiles: (probability, tokens) points of the CDF, "
                                                         "interpolated log-linearly.")
     path: str = _f("", "empirical: a run's rollouts.jsonl, or a JSON list of response lengths "
-                       "(relative paths: to configs/sim/).")
+                       "(relative paths: to openrlhf_oppo/sim/presets/).")
     prompt_tokens: int = _f(128, "Prompt length (tokens); rollouts.jsonl lengths subtract it.")
 
 
@@ -198,24 +208,18 @@ class SimConfig:
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem not in ("hardware", "models"))
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if p.stem not in ("hardware", "models"))
 
 
 def _yaml(path: Path) -> dict:
-    import yaml
-
-    with open(path) as fh:
-        doc = yaml.safe_load(fh) or {}
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: top level must be a mapping")
-    return doc
+    return settings.read_yaml(str(path))
 
 
 def load_preset(name: str, sets: list[str] | tuple[str, ...] = ()) -> SimConfig:
-    """The preset `name` (a name under configs/sim/ or a YAML path) with `--set key=value` edits."""
+    """The preset `name` (a name under openrlhf_oppo/sim/presets/ or a YAML path) with `--set key=value` edits."""
     path = Path(name)
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
-        path = CONFIG_DIR / f"{name}.yaml"
+        path = PRESET_DIR / f"{name}.yaml"
         if not path.exists():
             raise ValueError(f"--preset: unknown preset '{name}'; allowed: {', '.join(preset_names())} "
                              "(or a path to a YAML file)")
@@ -254,23 +258,12 @@ def apply_set(raw: dict, key: str, value: Any) -> dict:
             child = _catalog_entry(p, child) if isinstance(child, str) else {}
         node[p] = child
         node = child
-    node[parts[-1]] = _yaml_scalar(value)
+    node[parts[-1]] = settings.yaml_value(value)
     return out
 
 
-def _yaml_scalar(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    import yaml
-
-    try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError:
-        return value
-
-
 def _catalog_entry(key: str, name: str) -> dict:
-    catalog = _yaml(CONFIG_DIR / CATALOG_KEYS[key])
+    catalog = _yaml(PRESET_DIR / CATALOG_KEYS[key])
     if name not in catalog:
         raise ValueError(f"{key}: unknown {CATALOG_KEYS[key].split('.')[0]} '{name}'; allowed: {', '.join(catalog)}")
     return dict(catalog[name], name=name)
@@ -281,59 +274,12 @@ def build(raw: Mapping[str, Any]) -> SimConfig:
     for key in CATALOG_KEYS:
         if isinstance(data.get(key), str):
             data[key] = _catalog_entry(key, data[key])
+    # OPPO's section is read by OPPO's own codec, so its messages name `--oppo.*` flags.
     oppo = oppo_config.from_dict(data.pop("oppo", None) or {})
-    cfg = _build(SimConfig, data, "")
+    cfg = CODEC.build(SimConfig, data, skip=("oppo",))
     cfg = dataclasses.replace(cfg, oppo=oppo)
     validate(cfg)
     return cfg
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"--set {path}: must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.name != "oppo"]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        where = f"{path}." if path else ""
-        raise ValueError(f"--set {where}{unknown[0]}: unknown key; allowed: {', '.join(where + n for n in names)}")
-    kwargs = {}
-    for key, value in data.items():
-        name = f"{path}.{key}" if path else key
-        kwargs[key] = _coerce(value, hints[key], name)
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, tp: Any, name: str) -> Any:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:  # X | None
-        return None if value is None else _coerce(value, args[0], name)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, name)
-    if typing.get_origin(tp) is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"--set {name}: must be a list, got {value!r}")
-        return tuple(tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else v for v in value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"--set {name}: must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise ValueError(f"--set {name}: must be an integer, got {value!r}")
-        return int(value)
-    if tp is float:
-        if isinstance(value, str):  # PyYAML reads 989.0e12 (no sign in the exponent) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"--set {name}: must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        return str(value)
-    raise TypeError(f"unsupported field type {tp!r} for {name}")
 
 
 def validate(cfg: SimConfig) -> None:
@@ -363,7 +309,3 @@ def validate(cfg: SimConfig) -> None:
              "hardware", "set (with actor and reward) unless the decode costs (costs.decode_*) are measured",
              cfg.hardware)
 
-
-def _require(ok: bool, key: str, allowed: str, value: Any) -> None:
-    if not ok:
-        raise ValueError(f"--set {key}: must be {allowed}, got {value!r}")

@@ -1,0 +1,71 @@
+"""The schedules, each a driver of the simulated cluster (`openrlhf_oppo.sim.world`).
+
+OpenRLHF's own modes (`sync`, `async`, `partial`, `oversample`, in `drivers.openrlhf`) are
+modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-fixed`, `oppo-intra`,
+`oppo-inter`, in `drivers.oppo`) are driven by the real `OverlapScheduler`. `simulate` runs
+one schedule; `summarize` measures a run.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from openrlhf_oppo.sim.costs import CostModel
+from openrlhf_oppo.sim.drivers.openrlhf import AsyncDriver, SyncDriver
+from openrlhf_oppo.sim.drivers.oppo import OppoDriver
+from openrlhf_oppo.sim.presets import SimConfig
+from openrlhf_oppo.sim.world import RunResult, StepRecord, World
+
+BASELINES = ("sync", "async", "partial", "oversample")
+OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo")
+SCHEDULE_NAMES = BASELINES + OPPO_SCHEDULES
+
+
+def simulate(cfg: SimConfig, costs: CostModel, schedule: str, seed: int) -> RunResult:
+    """One run of `schedule` with `seed`."""
+    if schedule == "sync":
+        return SyncDriver(cfg, costs, seed).run()
+    if schedule in ("async", "partial", "oversample"):
+        return AsyncDriver(cfg, costs, seed, partial=schedule == "partial",
+                           batches_per_call=2 if schedule == "oversample" else 1, name=schedule).run()
+    if schedule in OPPO_SCHEDULES:
+        return OppoDriver(cfg, costs, seed, schedule).run()
+    raise ValueError(f"--schedules: unknown schedule '{schedule}'; allowed: {', '.join(SCHEDULE_NAMES)}")
+
+
+def step_latencies_s(result: RunResult, warmup_steps: int) -> list[float]:
+    ends = [r.train_end_s for r in result.steps][max(0, warmup_steps - 1):]
+    return [b - a for a, b in zip(ends, ends[1:], strict=False)]  # consecutive pairs
+
+
+def summarize(result: RunResult, warmup_steps: int) -> dict:
+    """Per-run figures: step latency (median, mean), tokens/s and utilisation over the measured window."""
+    lat = step_latencies_s(result, warmup_steps)
+    (t0, n0), (t1, n1) = result.decoded_tokens_at[max(0, warmup_steps - 1)], result.decoded_tokens_at[-1]
+    util = {role: _covered(ivs, t0, t1) / (max(t1 - t0, 1e-12) * result.devices[role])
+            for role, ivs in result.busy.items()}
+    deferred = [r.deferred_fraction for r in result.steps[warmup_steps:]]
+    return {"median_step_s": statistics.median(lat), "mean_step_s": statistics.fmean(lat),
+            "tokens_per_s": (n1 - n0) / max(t1 - t0, 1e-12), "util": util,
+            "deferred": statistics.fmean(deferred) if deferred else 0.0}
+
+
+def _covered(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Device-seconds busy within [t0, t1] (intervals of different devices add up)."""
+    return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
+
+
+__all__ = [
+    "BASELINES",
+    "OPPO_SCHEDULES",
+    "SCHEDULE_NAMES",
+    "AsyncDriver",
+    "OppoDriver",
+    "RunResult",
+    "StepRecord",
+    "SyncDriver",
+    "World",
+    "simulate",
+    "step_latencies_s",
+    "summarize",
+]

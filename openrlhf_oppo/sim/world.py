@@ -1,0 +1,192 @@
+"""The simulated world of one run: engines, reward servers and training devices, and the
+phases every schedule shares. The schedules themselves (`openrlhf_oppo.sim.drivers`)
+subclass `World` and decide what to generate and when to train.
+
+A step, after its batch is ready (every schedule)::
+
+    make_experience   reward forward (unless streamed) on the reward servers, in parallel with
+                      old-logprob, reference and critic forwards on the training devices
+    train             actor + critic forward/backward on the training devices
+    weight_sync       the actor's weights to the engines (engines pause)
+
+With `split.colocate` the engines pause while the training devices work (they are the
+same devices). Step latency is the gap between consecutive trainings' ends.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from openrlhf_oppo.sim.costs import CostModel
+from openrlhf_oppo.sim.engine import EventLoop, Recorder, Request, Rollout, Scorer
+from openrlhf_oppo.sim.lengths import LengthSampler
+from openrlhf_oppo.sim.presets import SimConfig
+
+TRAIN_WORKER = 0  # the training devices draw as one worker per role
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One trained batch."""
+
+    step: int
+    generate_start_s: float  # the driver starts waiting for this batch
+    batch_ready_s: float
+    train_end_s: float
+    sync_end_s: float
+    prompt_indices: tuple[int, ...]  # trained groups' prompts, sorted
+    tokens: int  # response tokens trained
+    deferred_fraction: float = 0.0
+    delta: int = 0
+    chunk_size_tokens: int = 0
+
+
+@dataclass
+class RunResult:
+    """What one simulated run produced."""
+
+    schedule: str
+    seed: int
+    steps: list[StepRecord]
+    rows: list[dict]
+    decoded_tokens_at: list[tuple[float, int]]  # (time, cumulative decoded tokens) at each train end
+    busy: dict[str, list[tuple[float, float]]]  # role -> busy intervals (all its devices)
+    devices: dict[str, int]
+    admitted_groups: int = 0
+    held_groups: tuple[int, ...] = ()
+    trained_group_ids: list[int] = field(default_factory=list)
+
+
+class World:
+    """Resources and shared phases of one run: lengths, engines, reward servers, training devices."""
+
+    def __init__(self, cfg: SimConfig, costs: CostModel, seed: int) -> None:
+        self.cfg = cfg
+        self.costs = costs
+        self.seed = seed
+        self.loop = EventLoop()
+        self.recorder = Recorder()
+        self.rollout = Rollout(self.loop, costs, self.recorder, self.on_progress)
+        self.scorer = Scorer(self.loop, costs, self.recorder, self.rollout, self.on_scored,
+                             max_call_chunks=cfg.workload.score_chunks_per_call)
+        self.sampler = LengthSampler(cfg.lengths, random.Random(seed))
+        self._lengths: list[int] = []  # response length by sample index (prompt index * n + j): common random numbers
+        self.train_busy: list[tuple[float, float]] = []
+        self.records: list[StepRecord] = []
+        self.decoded_at: list[tuple[float, int]] = []
+        self.version = 0  # weight syncs so far
+
+    # ----------------------------------------------------------------- hooks (drivers override)
+
+    def on_progress(self, engine: int, crossed: list[Request], finished: list[Request], now_s: float) -> None:
+        raise NotImplementedError
+
+    def on_scored(self, items: list[tuple], now_s: float) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------- shared
+
+    def requests(self, prompt_index: int, sample_ids: tuple[int, ...]) -> list[Request]:
+        n = self.cfg.workload.samples_per_group
+        need = (prompt_index + 1) * n
+        while len(self._lengths) < need:
+            self._lengths.append(self.sampler.sample())
+        ln = self.cfg.lengths
+        return [Request(sid, ln.prompt_tokens, self._lengths[prompt_index * n + j], ln.cap_tokens)
+                for j, sid in enumerate(sample_ids)]
+
+    def train_tokens(self, lengths: list[int]) -> int:
+        """Tokens the training devices process for these responses (padded per micro-batch without packing)."""
+        p, w = self.cfg.lengths.prompt_tokens, self.cfg.workload
+        if w.packing:
+            return sum(p + n for n in lengths)
+        mb = w.micro_batch_size
+        return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
+
+    def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
+                             score_in_experience: bool) -> float:
+        """make_experience and train from `now_s`; the end of training. Records the spans."""
+        c, w = self.costs, self.cfg.workload
+        tokens = self.train_tokens(lengths)
+        slow = c.train_slowdown_shared if self.rollout.decoding() else 1.0
+        self._hold_engines(now_s)
+        t = now_s
+        for stage, dt in c.make_experience_s(tokens, w.reference, w.critic).items():
+            role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic"}[stage]
+            self.recorder.span(role, TRAIN_WORKER, stage, t, t + dt * slow)
+            t += dt * slow
+        if score_in_experience:
+            t = max(t, self.score_whole(now_s, lengths, sample_ids))
+        t += c.phase_overhead_s
+        self.recorder.span("driver", 0, "make_experience", now_s, t)
+        train_s = c.train_s(tokens) * slow + c.phase_overhead_s
+        actor_share = 1.0 / (2.0 if w.critic else 1.0)  # the actor and critic fits draw as two spans
+        self.recorder.span("actor", TRAIN_WORKER, "train", t, t + train_s * actor_share)
+        if w.critic:
+            self.recorder.span("critic", TRAIN_WORKER, "train", t + train_s * actor_share, t + train_s)
+        self.recorder.span("driver", 0, "train", t, t + train_s)
+        end = t + train_s
+        self.train_busy.append((now_s, end))
+        self.loop.at(end, self._release_engines, end)
+        return end
+
+    def score_whole(self, now_s: float, lengths: list[int], sample_ids: list[int]) -> float:
+        """The reward forward of make_experience over whole sequences, batched per server; its end."""
+        n = len(self.scorer.queues)
+        per_server: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for sid, length in zip(sample_ids, lengths, strict=True):
+            per_server[sid % n].append((0, self.cfg.lengths.prompt_tokens + length))
+        end = now_s
+        for q, chunks in enumerate(per_server):
+            if chunks:
+                dt = self.costs.prefill_s(chunks)
+                self.recorder.span("reward", q, "score", now_s, now_s + dt, tokens=sum(x for _, x in chunks))
+                self.scorer.busy[q].append((now_s, now_s + dt))
+                end = max(end, now_s + dt)
+        return end
+
+    def weight_sync(self, now_s: float) -> float:
+        """Broadcast the new weights; engines pause for it. Returns its end."""
+        c = self.costs
+        end = now_s + c.weight_sync_s + c.phase_overhead_s
+        self.rollout.pause(now_s)
+        for e in range(len(self.rollout.engines)):
+            self.recorder.span("rollout", e, "load_weights", now_s, end)
+        self.recorder.span("driver", 0, "weight_sync", now_s, end)
+        self.loop.at(end, self._synced, end)
+        return end
+
+    def _synced(self, now_s: float) -> None:
+        self.version += 1
+        self.rollout.resume(now_s)
+
+    def _hold_engines(self, now_s: float) -> None:
+        """Training starts: colocated engines pause; on a shared host they slow down."""
+        if self.cfg.split.colocate:
+            self.rollout.pause(now_s)
+        else:
+            self.rollout.set_factor(self.costs.decode_slowdown_shared, now_s)
+
+    def _release_engines(self, now_s: float) -> None:
+        if self.cfg.split.colocate:
+            self.rollout.resume(now_s)
+        else:
+            self.rollout.set_factor(1.0, now_s)
+
+    def record(self, rec: StepRecord) -> None:
+        self.records.append(rec)
+        self.decoded_at.append((rec.train_end_s, self.rollout.decoded_tokens))
+
+    def mean_reward(self, step: int) -> float:
+        """Synthetic reward curve: rises as 1 - exp(-step/tau), with seeded noise (drives the adaptive Δ)."""
+        w = self.cfg.workload
+        noise = random.Random(self.seed * 1_000_003 + step).gauss(0.0, w.reward_noise)
+        return 1.0 - math.exp(-step / w.reward_tau_steps) + noise
+
+    def result(self, schedule: str) -> RunResult:
+        busy = {"rollout": [iv for e in self.rollout.engines for iv in e.busy],
+                "reward": [iv for q in self.scorer.busy for iv in q], "train": self.train_busy}
+        devices = {"rollout": len(self.rollout.engines), "reward": len(self.scorer.busy), "train": 1}
+        return RunResult(schedule, self.seed, self.records, self.recorder.rows, self.decoded_at, busy, devices)
