@@ -18,6 +18,7 @@ import types
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange  # noqa: F401  (re-exported as flash_attn.bert_padding.rearrange)
 
 
 def index_first_axis(input: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

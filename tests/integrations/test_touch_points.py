@@ -14,7 +14,7 @@ from openrlhf_oppo.integrations.runtime import timeline_hooks
 from openrlhf_oppo import upstream as touch_points
 
 compat.apply()  # the flash-attn stand-in, where CUDA is absent
-PACKAGE = Path(touch_points.__file__).resolve().parents[1]
+PACKAGE = Path(touch_points.__file__).resolve().parent
 
 
 def test_the_installed_openrlhf_has_every_symbol_oppo_touches():
