@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name][seed] = {"returncode": result.get("returncode", 0 if (root / "tensorboard").is_dir() else 1),
                                    "wall_s": result.get("wall_s")}
             continue
-        from openrlhf_oppo.cli import train
+        from openrlhf_oppo.integrations.launch import train_run as train
 
         print(f"[bench convergence] run {i}/{len(order)}: {name} seed {seed} -> {root}", flush=True)
         variant = variants[name]
