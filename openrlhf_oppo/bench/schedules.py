@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup_steps < 1:
         p.error(f"--warmup-steps must be >= 1, got {args.warmup_steps}")
 
-    from openrlhf_oppo.cli import train
+    from openrlhf_oppo.integrations.launch import train_run as train
 
     extra = [*args.extra, *(["--train.full_determinism_enable"] if args.same_samples else [])]
     out = Path(args.output)

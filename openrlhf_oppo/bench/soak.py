@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     rss_path, metrics_path = out / "rss.jsonl", out / "oppo_metrics.jsonl"
     returncode = 0
     if not args.report_only:
-        from openrlhf_oppo.cli import train
+        from openrlhf_oppo.integrations.launch import train_run as train
         from openrlhf_oppo.integrations.launch import yaml_config
 
         flags = yaml_config.load(args.config).flags

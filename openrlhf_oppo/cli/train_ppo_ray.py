@@ -3,213 +3,33 @@
     python -m openrlhf_oppo.cli.train_ppo_ray [--config preset.yaml] <OpenRLHF 0.11.2 flags> \\
         --oppo.delta.init 8 --oppo.chunk.size_tokens 512
 
-Launch it as OpenRLHF users launch `openrlhf.cli.train_ppo_ray` (e.g. `ray job
-submit ... -- python -m openrlhf_oppo.cli.train_ppo_ray ...`). It resolves the
-OPPO config (a `--config` YAML preset: OpenRLHF's sections as dotted flags plus
-`oppo:`; flags on the command line override it), rejects flag combinations OPPO
-cannot honour, makes wandb offline when it is configured without a key, starts Ray with a
-worker set-up hook that installs OPPO's trainer touch points, swaps the rollout
-actor class, and then runs OpenRLHF's own `train_ppo_ray` main unmodified.
+Launch it as OpenRLHF users launch `openrlhf.cli.train_ppo_ray` (e.g. `ray job submit ...
+-- python -m openrlhf_oppo.cli.train_ppo_ray ...`). The driver's logic (config
+resolution, flag checks, Ray start-up, class swaps) is openrlhf_oppo.integrations.launch.driver.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import runpy
 import sys
 
-from openrlhf_oppo import config as oppo_config
-from openrlhf_oppo import run_env
+from openrlhf_oppo.integrations.launch.driver import (
+    CORRECTIONS,
+    FORWARDED_ENV,
+    INCOMPATIBLE_FLAGS,
+    JOB_CONFIG_ENV,
+    OPENRLHF_MODULE,
+    STREAMING_REWARD_INCOMPATIBLE,
+    check_flags,
+    driver_env_vars,
+    main,
+    openrlhf_argv,
+    parse,
+    streams_rewards,
+)
 
-OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
-
-# (OpenRLHF flag, why OPPO cannot run with it)
-INCOMPATIBLE_FLAGS = {
-    "--train.async_enable": "OPPO is its own overlap schedule on top of synchronous PPO",
-    "--train.partial_rollout_enable": "OPPO carries partial rollouts itself",
-    "--vllm.enable_sleep": "carried requests must keep decoding (and their KV cache) while the trainer trains",
-    "--algo.dynamic_filtering_enable": "OPPO trains the first B complete groups; filtering would change B",
-    "--train.agent_func_path": "OPPO drives single-turn generation itself (agent executors are not streamed)",
-    "--data.max_images_per_prompt": "OPPO's rollout streams text prompts; images would be dropped",
-}
-# refused only when OPPO streams into the reward model (its actors hold it on the device, bf16/fp16)
-STREAMING_REWARD_INCOMPATIBLE = {
-    "--reward.offload": "the streaming reward actors keep the reward model and its KV caches on the device",
-    "--ds.load_in_4bit": "the streaming reward actors load the reward model in --ds.param_dtype, not 4-bit",
-}
-
-
-def streams_rewards(argv: list[str], cfg: oppo_config.OppoConfig) -> bool:
-    """Whether OPPO's streaming reward actors take the place of OpenRLHF's reward group: a
-    reward model and streaming on (a `--reward.remote_url` reward is scored by the engines)."""
-    return not _given("--reward.remote_url", argv) and cfg.streaming.enable and cfg.streaming.reward
-
-
-def _given(flag: str, argv: list[str]) -> bool:
-    for i, arg in enumerate(argv):
-        if arg == flag or arg.startswith(flag + "="):
-            nxt = argv[i + 1] if i + 1 < len(argv) and arg == flag else "true"
-            return nxt.lower() not in ("false", "0", "none", "")
-    return False
-
-
-def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
-    """ValueError naming both flags for combinations OPPO cannot honour."""
-    for flag, why in INCOMPATIBLE_FLAGS.items():
-        if _given(flag, argv):
-            raise ValueError(f"{flag} cannot be combined with OPPO (python -m openrlhf_oppo.cli.train_ppo_ray): {why}")
-    for name in ("reference", "critic"):
-        if getattr(cfg.streaming, name):
-            raise ValueError(
-                f"--oppo.streaming.{name}: this version streams into the reward model only "
-                f"(OpenRLHF computes {name} outputs one-shot); leave it false"
-            )
-    if _given("--vllm.enable_prefix_caching", argv) and cfg.staleness.keep_kv_cache:
-        raise ValueError(
-            "--vllm.enable_prefix_caching cannot be combined with --oppo.staleness.keep_kv_cache true: "
-            "carried requests keeping their KV blocks across a weight sync stop vLLM's prefix-cache reset "
-            "(new prompts would reuse the old policy's KV); set --oppo.staleness.keep_kv_cache false"
-        )
-    if _given("--rollout.vllm_generate_batch_size", argv) and cfg.delta.enable:
-        raise ValueError(
-            "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable: "
-            "OPPO's overcommit Δ replaces over-sampling"
-        )
-    if streams_rewards(argv, cfg):
-        for flag, why in STREAMING_REWARD_INCOMPATIBLE.items():
-            if _given(flag, argv):
-                raise ValueError(f"{flag} cannot be combined with --oppo.streaming.enable: {why}; "
-                                 f"--oppo.streaming.enable false scores with OpenRLHF's own reward forward")
-    if _given("--eval.dataset", argv) and not _given("--reward.remote_url", argv):
-        raise ValueError("--eval.dataset needs --reward.remote_url: OpenRLHF scores eval samples in the rollout "
-                         "engines with a rule-based or remote reward only")
-
-
-def _value(flag: str, argv: list[str]) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-# --oppo.staleness.correction -> OpenRLHF 0.11.2's importance-sampling correction against
-# the recorded rollout logprobs (its own naming: TIS = token clip, ICEPOP = token mask)
-CORRECTIONS = {
-    "tis": ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip"],
-    "icepop": ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "mask"],
-}
-
-
-def _correction_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
-    if cfg.staleness.correction == "none":
-        return []
-    if _value("--algo.advantage.is_correction_level", argv) not in (None, "off"):
-        raise ValueError(
-            "--oppo.staleness.correction cannot be combined with --algo.advantage.is_correction_level: "
-            "set one of them"
-        )
-    return CORRECTIONS[cfg.staleness.correction]
-
-
-def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
-    """OpenRLHF's flags for this run (all of them: `check_flags` may see a config before its
-    task defaults): the user's, plus the importance-sampling correction
-    `--oppo.staleness.correction` maps to."""
-    argv = list(rest)
-    if streams_rewards(argv, cfg) and _value("--reward.model_name_or_path", argv) is None:
-        raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path "
-                         "(or --reward.remote_url for a rule-based or remote reward)")
-    return argv + _correction_flags(argv, cfg)
-
-
-def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
-    """(OPPO config, OpenRLHF's argv). A `--config` preset's OpenRLHF sections come first in
-    the argv, so the user's flags after them win; its `oppo:` section is the base the
-    `--oppo.*` flags overlay."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--config", dest="preset", default=None)
-    parser.add_argument("--oppo.config", dest="oppo_config_file", default=None, help="YAML with an `oppo:` section")
-    oppo_config.add_cli_flags(parser)
-    known, rest = parser.parse_known_args(argv)
-    if known.preset and known.oppo_config_file:
-        raise ValueError("--config and --oppo.config both name OPPO's settings: put them under `oppo:` in the --config file")
-    base, preset_argv = oppo_config.OppoConfig(), []
-    if known.preset:
-        from openrlhf_oppo.integrations.launch import yaml_config
-
-        preset = yaml_config.load(known.preset)
-        if preset.task:
-            raise ValueError(f"{known.preset}: `task:` is the built-in CPU task's (openrlhf-oppo train --config); "
-                             "a cluster preset names its models and data in OpenRLHF's sections")
-        base, preset_argv = oppo_config.from_dict(preset.oppo), yaml_config.to_argv(preset.flags)
-    elif known.oppo_config_file:
-        base = oppo_config.load_yaml(known.oppo_config_file)
-    return oppo_config.from_cli(known, base), preset_argv + rest
-
-
-JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's job manager sets it in a submitted job's driver
-FORWARDED_ENV = ("WANDB_MODE", "WANDB_DIR", "WANDB_API_KEY")  # and every OPPO_* variable
-
-
-def driver_env_vars(environ: dict[str, str]) -> dict[str, str]:
-    """The env vars of the run's Ray workers that this driver sets: OpenRLHF's own `ray.init`
-    defaults (it skips its `ray.init` once Ray is up), every `OPPO_*` variable (OPPO's config,
-    run files, faults) and wandb's. Under `ray job submit` a variable the job's runtime env
-    already sets is left out: the job's value reaches the workers, and Ray refuses a driver
-    runtime env that sets it again."""
-    env = {
-        "TOKENIZERS_PARALLELISM": environ.get("TOKENIZERS_PARALLELISM", "true"),
-        "NCCL_DEBUG": environ.get("NCCL_DEBUG", "WARN"),
-        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
-    }
-    env.update({k: v for k, v in environ.items() if k.startswith("OPPO_") or k in FORWARDED_ENV})
-    job = json.loads(environ.get(JOB_CONFIG_ENV) or "{}")
-    taken = (job.get("runtime_env") or {}).get("env_vars") or {}
-    return {k: v for k, v in env.items() if k not in taken}
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        parser = argparse.ArgumentParser(prog="python -m openrlhf_oppo.cli.train_ppo_ray", description=__doc__,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter)
-        parser.add_argument("--config", metavar="FILE", help="YAML preset: OpenRLHF's sections (nested keys = dotted "
-                            "flags) and `oppo:`; flags on the command line override it")
-        oppo_config.add_cli_flags(parser)
-        parser.print_help()
-        print("\nAll other flags are OpenRLHF's: python -m openrlhf.cli.train_ppo_ray --help")
-        return 0
-    try:
-        cfg, rest = parse(argv)
-        check_flags(rest, cfg)
-        rest = openrlhf_argv(rest, cfg)
-    except ValueError as exc:
-        print(f"openrlhf_oppo.cli.train_ppo_ray: error: {exc}", file=sys.stderr)
-        return 2
-
-    import ray
-
-    from openrlhf_oppo.integrations.launch import wandb_offline
-    from openrlhf_oppo.integrations.runtime.trainer import patch_driver
-
-    os.environ[run_env.CONFIG_JSON] = json.dumps(oppo_config.to_dict(cfg))
-    wandb_flags, wandb_env = wandb_offline.wandb_settings(wandb_offline.argv_flags(rest), os.environ)
-    if wandb_env:
-        print("openrlhf_oppo.cli.train_ppo_ray: wandb is configured without a key (--logger.wandb.key or "
-              "WANDB_API_KEY): logging offline; `wandb sync` uploads the run later", file=sys.stderr)
-    os.environ.update(wandb_env)
-    rest += [arg for name, value in wandb_flags.items() for arg in (f"--{name}", value)]
-    if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": driver_env_vars(os.environ)})  # the trainer actor reads the OPPO config from here
-    patch_driver(streams_rewards(rest, cfg))
-    sys.argv = [OPENRLHF_MODULE, *rest]
-    runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
-    return 0
-
+__all__ = ["CORRECTIONS", "FORWARDED_ENV", "INCOMPATIBLE_FLAGS", "JOB_CONFIG_ENV", "OPENRLHF_MODULE",
+           "STREAMING_REWARD_INCOMPATIBLE", "check_flags", "driver_env_vars", "main", "openrlhf_argv", "parse",
+           "streams_rewards"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openrlhf_oppo.compat.env import CACHE_DIR
+from openrlhf_oppo.compat.patches import TORCH_VERSION
+from openrlhf_oppo.hooks import Patch
 
 # variable -> folder under the project cache
 CACHE_VARS = {
@@ -210,6 +212,13 @@ def stamp_build_batons(cpp_extension) -> None:
 
     cls.try_acquire, cls.wait = try_acquire, wait
     cpp_extension._jit_compile = _jit_compile
+
+
+# Not a CPU workaround: installed in every process of a run, on any hardware
+# (integrations.runtime.startup).
+PATCHES: tuple[Patch, ...] = (
+    Patch("stamped_build_batons", "torch.utils.cpp_extension", stamp_build_batons, f"torch {TORCH_VERSION}"),
+)
 
 
 def baton_holder_gone(lock: Path) -> bool:

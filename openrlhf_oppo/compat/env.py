@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
-from pathlib import Path
+import platform
 
 from openrlhf_oppo import run_env
+from openrlhf_oppo.hooks import SITE_DIR
 
-SITE_DIR = Path(__file__).resolve().parent / "_site"
+__all__ = ["CACHE_DIR", "SITE_DIR", "cuda_available", "launch_env", "request_amx_permission"]
+
 # per-user project cache: the tiny task, and the compile caches of every run (compat.caches)
 CACHE_DIR = run_env.cache_dir()
 
@@ -44,3 +47,18 @@ def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),
         "TOKENIZERS_PARALLELISM": base.get("TOKENIZERS_PARALLELISM", "false"),
     }
+
+
+_SYS_ARCH_PRCTL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+def request_amx_permission() -> bool:
+    """Ask Linux for AMX tile-data permission. vLLM 0.29 CPU's bf16 attention uses
+    AMX; without the permission the first AMX instruction kills the process with
+    SIGILL. Harmless where AMX is absent (the syscall just fails)."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0

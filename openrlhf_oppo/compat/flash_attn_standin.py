@@ -65,14 +65,16 @@ def install() -> None:
     names = {
         "flash_attn": {},
         "flash_attn.bert_padding": {
-            n: getattr(this, n) for n in ("index_first_axis", "index_put_first_axis", "pad_input", "rearrange", "unpad_input")
+            n: getattr(this, n)
+            for n in ("index_first_axis", "index_put_first_axis", "pad_input", "rearrange", "unpad_input")
         },
         "flash_attn.utils": {},
         "flash_attn.utils.distributed": {"all_gather": all_gather},
     }
     for name, attrs in names.items():
         module = types.ModuleType(name, "openrlhf_oppo CPU stand-in (see openrlhf_oppo.compat.flash_attn_standin)")
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=name in ("flash_attn", "flash_attn.utils"))
+        is_package = name in ("flash_attn", "flash_attn.utils")
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=is_package)
         module.__dict__.update(attrs)
         sys.modules[name] = module
     sys.modules["flash_attn"].bert_padding = sys.modules["flash_attn.bert_padding"]

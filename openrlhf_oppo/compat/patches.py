@@ -3,30 +3,23 @@
 Each names the upstream version it was written against and why it exists; each
 has a test in tests/compat/ that fails when upstream changes the patched thing.
 A patch runs when its module is imported (after it executes, or before with
-`before_exec`), only in processes where CUDA is absent (`_gated`).
+`before_exec`), only in processes where CUDA is absent (`_gated`). Patches that run
+on any hardware have their own lists: `compat.caches.PATCHES`,
+`integrations.runtime.seeding.PATCHES`, `integrations.runtime.timeline_hooks.PATCHES`
+(`integrations.runtime.startup` installs them).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
-from openrlhf_oppo.integrations.runtime import seeding
+from openrlhf_oppo.hooks import Patch
 from openrlhf_oppo.upstream import OPENRLHF_VERSION
 
 DEEPSPEED_VERSION = "0.19.6"
 VLLM_VERSION = "0.29.0"
 TORCH_VERSION = "2.13.0"
-
-
-@dataclass(frozen=True)
-class Patch:
-    name: str
-    module: str  # the module whose import triggers the patch
-    fn: Callable  # fn(module) -> None; already gated on CUDA absence
-    upstream: str  # "openrlhf 0.11.2", ...
-    before_exec: bool = False
 
 
 def _gated(fn: Callable) -> Callable:
@@ -110,10 +103,10 @@ def _sequential_allgather(make_config: Callable) -> Callable:
 def zero3_sequential_allgather(module) -> None:
     """deepspeed 0.19.6 `Init._allgather_params_coalesced` waits only on the last of
     several async all-gathers; gloo completes them out of order, which silently
-    corrupts ZeRO-3 weights at load with >= 2 ranks (1-7 corrupt loads in 12 two-rank runs without the fix, 0 in 36 with it). Set
-    `stage3_allgather_sequential` in the configs openrlhf 0.11.2's strategy builds
-    (`get_train_ds_config` / `get_eval_ds_config`, imported by name into
-    `openrlhf.utils.deepspeed.deepspeed`)."""
+    corrupts ZeRO-3 weights at load with >= 2 ranks (1-7 corrupt loads in 12 two-rank runs
+    without the fix, 0 in 36 with it). Set `stage3_allgather_sequential` in the configs
+    openrlhf 0.11.2's strategy builds (`get_train_ds_config` / `get_eval_ds_config`,
+    imported by name into `openrlhf.utils.deepspeed.deepspeed`)."""
     module.get_train_ds_config = _sequential_allgather(module.get_train_ds_config)
     module.get_eval_ds_config = _sequential_allgather(module.get_eval_ds_config)
 
@@ -181,27 +174,7 @@ def dataset_columns_as_lists(module) -> None:
         cls.__init__ = functools.wraps(original_init)(__init__)
 
 
-# Not CPU workarounds: seeded rollouts for OpenRLHF's own schedules (integrations.runtime.seeding),
-# carried by the compat layer's hooks, so present where it is.
-seeded_rollouts_driver = _gated(seeding.seeded_rollouts_driver)
-seeded_rollouts_engine = _gated(seeding.seeded_rollouts_engine)
-seeded_prompt_order = _gated(seeding.seeded_prompt_order)
-
-
-def stamped_build_batons(module) -> None:
-    """torch 2.13 `cpp_extension` build locks record no owner and are waited on
-    forever; stamp them and take over a dead holder's build (`compat.caches`). Not a
-    CPU workaround: installed in every process of a run, on any hardware."""
-    from openrlhf_oppo.compat import caches
-
-    caches.stamp_build_batons(module)
-
-
-# every process of a run, with or without CUDA (compat._startup)
-CACHE_PATCHES: tuple[Patch, ...] = (
-    Patch("stamped_build_batons", "torch.utils.cpp_extension", stamped_build_batons, f"torch {TORCH_VERSION}"),
-)
-
+# every fn already gated on CUDA absence
 PATCHES: tuple[Patch, ...] = (
     Patch("flash_attn_standin", "openrlhf.models.ring_attn_utils", flash_attn_standin,
           f"openrlhf {OPENRLHF_VERSION}", before_exec=True),
@@ -213,11 +186,6 @@ PATCHES: tuple[Patch, ...] = (
     Patch("weight_sync_sender", "openrlhf.trainer.ray.ppo_actor", weight_sync_sender, f"openrlhf {OPENRLHF_VERSION}"),
     Patch("weight_sync_receiver", "openrlhf.trainer.ray.vllm_worker_wrap", weight_sync_receiver,
           f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
-    Patch("seeded_rollouts_driver", "openrlhf.trainer.ppo_utils.samples_generator", seeded_rollouts_driver,
-          f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
-    Patch("seeded_rollouts_engine", "openrlhf.trainer.ray.vllm_engine", seeded_rollouts_engine,
-          f"openrlhf {OPENRLHF_VERSION}"),
-    Patch("seeded_prompt_order", "openrlhf.trainer.ppo_trainer", seeded_prompt_order, f"openrlhf {OPENRLHF_VERSION}"),
     Patch("master_port_outside_ephemeral_range", "openrlhf.trainer.ray.launcher", master_port_outside_ephemeral_range,
           f"openrlhf {OPENRLHF_VERSION}"),
     *(Patch("dataset_columns_as_lists", f"openrlhf.datasets.{module}", dataset_columns_as_lists,

@@ -112,8 +112,9 @@ def _record_probe(path: str, prompt: list[int], ref) -> None:
     import ray
 
     completion = ray.get(ref).outputs[0]
-    logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, completion.token_ids)]
+    logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, completion.token_ids, strict=False)]
     done = sum(1 for _ in open(path)) if os.path.exists(path) else 0
-    record = {"sync": done + 1, "prompt_token_ids": prompt, "token_ids": list(completion.token_ids), "logprobs": logprobs}
+    record = {"sync": done + 1, "prompt_token_ids": prompt, "token_ids": list(completion.token_ids),
+              "logprobs": logprobs}
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -60,7 +60,8 @@ def check(model_dir: str, world_size: int = 2, loads: int = 3, sequential: bool 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, model_dir, loads, sequential, results)) for r in range(world_size)]
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, model_dir, loads, sequential, results))
+             for r in range(world_size)]
     for p in procs:
         p.start()
     for p in procs:

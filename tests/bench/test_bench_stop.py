@@ -18,7 +18,7 @@ class Result:
 
 
 def test_bench_schedules_stops_with_its_run(tmp_path, monkeypatch, capsys):
-    from openrlhf_oppo.cli import train
+    from openrlhf_oppo.integrations.launch import train_run as train
 
     calls = []
 

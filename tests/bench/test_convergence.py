@@ -290,7 +290,8 @@ def test_length_ks_per_step_pooled_over_seeds(tmp_path, text):
 
 
 def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, capsys, monkeypatch):
-    from openrlhf_oppo.cli import bench, train
+    from openrlhf_oppo.cli import bench
+    from openrlhf_oppo.integrations.launch import train_run as train
 
     monkeypatch.setattr(train, "run", lambda argv: pytest.fail("--report-only ran a run"))
     assets = learn.LearnAssets(tmp_path / "assets")
@@ -339,7 +340,7 @@ class FakeResult:
 def fake_train(monkeypatch, text) -> list[list[str]]:
     """`train.run` replaced by one that writes RUNS' run for the schedule and seed of its
     argv; the argvs it was called with."""
-    from openrlhf_oppo.cli import train
+    from openrlhf_oppo.integrations.launch import train_run as train
 
     calls = []
 
@@ -391,7 +392,7 @@ def test_keep_done_runs_only_what_did_not_finish(tmp_path, tokenizer_dir, text, 
 def test_a_signal_that_stops_a_run_stops_the_bench(tmp_path, tokenizer_dir, text, monkeypatch, capsys):
     import signal
 
-    from openrlhf_oppo.cli import train
+    from openrlhf_oppo.integrations.launch import train_run as train
 
     calls = fake_train(monkeypatch, text)
     signalled = train.run
@@ -416,7 +417,7 @@ def test_a_signal_that_stops_a_run_stops_the_bench(tmp_path, tokenizer_dir, text
     (["--", "--train.seed", "3"], "--train.seed after `--`"),
 ])
 def test_bad_arguments_are_refused_before_any_run(argv, message, capsys, monkeypatch):
-    from openrlhf_oppo.cli import train
+    from openrlhf_oppo.integrations.launch import train_run as train
 
     monkeypatch.setattr(train, "run", lambda argv: pytest.fail("ran"))
     with pytest.raises(SystemExit) as exit_:

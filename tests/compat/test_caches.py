@@ -152,7 +152,8 @@ def test_a_build_lock_names_its_holder_and_is_stale_only_when_that_process_is_go
     dead = _write(tmp_path / "dead" / "lock", caches._stamp(_dead_pid()).encode())
     assert caches.baton_holder_gone(dead)
     host, pid, started = caches._stamp(os.getpid()).split()
-    reused = _write(tmp_path / "reused" / "lock", f"{host} {pid} {int(started) + 1}".encode())  # same pid, other process
+    # same pid, another process
+    reused = _write(tmp_path / "reused" / "lock", f"{host} {pid} {int(started) + 1}".encode())
     assert caches.baton_holder_gone(reused)
     elsewhere = _write(tmp_path / "other" / "lock", f"{socket.gethostname()}-other {_dead_pid()} 1".encode())
     assert not caches.baton_holder_gone(elsewhere)  # another host's process: cannot be judged here

@@ -9,8 +9,7 @@ from unittest import mock
 
 import torch
 
-from openrlhf_oppo import compat
-from openrlhf_oppo.compat import hooks
+from openrlhf_oppo import compat, hooks
 
 
 class _Untouchable(types.ModuleType):
@@ -44,7 +43,7 @@ def test_apply_installs_nothing_and_launch_env_is_empty_when_cuda_is_present():
 def test_launch_env_without_cuda_carries_the_compat_layer_to_every_process():
     env = compat.launch_env({"PYTHONPATH": "/already/there"})
     assert env["OPPO_COMPAT"] == "1"
-    assert env["PYTHONPATH"].split(":")[0] == str(compat.SITE_DIR)
+    assert env["PYTHONPATH"].split(":")[0] == str(compat.SITE_DIR) == str(hooks.SITE_DIR)
     assert "/already/there" in env["PYTHONPATH"].split(":")
     assert (compat.SITE_DIR / "sitecustomize.py").exists()
     assert '"GPU": 8' in env["RAY_OVERRIDE_RESOURCES"]

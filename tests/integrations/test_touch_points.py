@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from openrlhf_oppo import compat
-from openrlhf_oppo.compat import patches
-from openrlhf_oppo.integrations.runtime import timeline_hooks
 from openrlhf_oppo import upstream as touch_points
+from openrlhf_oppo.compat import patches
+from openrlhf_oppo.integrations.runtime import seeding, timeline_hooks
 
 compat.apply()  # the flash-attn stand-in, where CUDA is absent
 PACKAGE = Path(touch_points.__file__).resolve().parent
@@ -26,7 +26,8 @@ def test_a_renamed_symbol_is_reported_by_name(monkeypatch):
 
     monkeypatch.delattr(launcher, "BaseModelActor")
     (problem,) = touch_points.missing()
-    assert problem.startswith("openrlhf.trainer.ray.launcher.BaseModelActor (subclassed by openrlhf_oppo.integrations.runtime.scorer)")
+    assert problem.startswith("openrlhf.trainer.ray.launcher.BaseModelActor "
+                              "(subclassed by openrlhf_oppo.integrations.runtime.scorer)")
 
 
 def _listed(symbol: str) -> bool:
@@ -34,7 +35,8 @@ def _listed(symbol: str) -> bool:
 
 
 def test_every_openrlhf_module_a_patch_hooks_is_listed():
-    modules = {p.module for p in patches.PATCHES + timeline_hooks.PATCHES if p.module.startswith("openrlhf.")}
+    every = patches.PATCHES + seeding.PATCHES + timeline_hooks.PATCHES
+    modules = {p.module for p in every if p.module.startswith("openrlhf.")}
     assert modules and [m for m in sorted(modules) if not _listed(m)] == []
 
 

@@ -72,7 +72,7 @@ def run_all(config: str, out: Path, schedules: list[str], seeds: list[int], vari
             results[name][seed] = {"returncode": result.get("returncode", 0 if (root / "tensorboard").is_dir() else 1),
                                    "wall_s": result.get("wall_s")}
             continue
-        from openrlhf_oppo.cli import train
+        from openrlhf_oppo.integrations.launch import train_run as train
 
         print(f"[bench convergence] run {i}/{len(order)}: {name} seed {seed} -> {root}", flush=True)
         variant = variants[name]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openrlhf_oppo import compat, run_env
+from openrlhf_oppo import compat, hooks, run_env
 from openrlhf_oppo.compat import caches
 from openrlhf_oppo.core import ledger
 from openrlhf_oppo.integrations.launch import wandb_offline
@@ -118,8 +118,8 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     env = dict(os.environ)
     env.update(compat.launch_env(env))
     env.update(caches.cache_env(env))
-    # the site hook records OpenRLHF's stages on the timeline, on any hardware
-    pythonpath = [str(compat.SITE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # the site hook records OpenRLHF's stages on the timeline and seeds its rollouts, on any hardware
+    pythonpath = [str(hooks.SITE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
     env[run_env.TIMELINE_DIR] = str(paths.timeline)
     env[run_env.METRICS_JSONL] = str(paths.oppo_metrics)

@@ -37,9 +37,9 @@ def resolve(flags: dict[str, Any], extra_argv: list[str], oppo: bool):
 
     cfg, rest = None, list(extra_argv)
     if oppo:
-        from openrlhf_oppo.cli import train_ppo_ray
+        from openrlhf_oppo.integrations.launch import driver
 
-        cfg, rest = train_ppo_ray.parse(rest)
+        cfg, rest = driver.parse(rest)
     values, unknown = openrlhf_flags.resolve([*yaml_config.to_argv(flags), *rest])
     if unknown:
         bad = next((a for a in unknown if a.startswith("-")), unknown[0])

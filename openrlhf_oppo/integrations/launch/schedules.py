@@ -21,8 +21,8 @@ plus OPPO's touch points) with the YAML's `oppo:` section and the schedule's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 FlagValue = object  # bool | int | float | str | list
 FlagFn = Callable[[dict[str, FlagValue]], FlagValue]  # derives a value from the other flags

@@ -10,7 +10,7 @@ without it, WANDB_MODE=offline and the run files stay under WANDB_DIR for `wandb
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 PLACEHOLDER_KEY = "0" * 40  # wandb.login wants a 40-char key; it is never sent
 

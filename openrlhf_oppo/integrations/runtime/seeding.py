@@ -11,11 +11,13 @@ group), and each step's samples are put in prompt order, not completion order, s
 that training sees them in the same order too:
 
 - OPPO's samples generator seeds its requests itself (`request_seed`);
-- OpenRLHF's own schedules get it from the compat layer's `seeded_rollouts_driver`
-  and `seeded_rollouts_engine` patches below (installed where the compat layer is,
-  i.e. on CPU machines; on GPU clusters OpenRLHF's schedules sample as upstream);
+- OpenRLHF's own schedules get it from the `seeded_rollouts_driver` and
+  `seeded_rollouts_engine` patches below;
 - both draw prompts in the same order: `seeded_prompt_order` seeds the prompt
   dataloader's shuffle from train.seed.
+
+The patches are listed in `PATCHES`; the site hook installs them in every process of
+a run it starts in (integrations.runtime.startup), on any hardware.
 
 Seeds change which tokens are drawn, not their distribution. With Δ = 0 and
 streaming off, OPPO then reproduces `--schedule sync` token for token
@@ -31,7 +33,9 @@ import json
 from copy import deepcopy
 
 from openrlhf_oppo import run_env
-from openrlhf_oppo.upstream import ray_actor_classes
+from openrlhf_oppo.compat.patches import VLLM_VERSION
+from openrlhf_oppo.hooks import Patch
+from openrlhf_oppo.upstream import OPENRLHF_VERSION, ray_actor_classes
 
 SEED_KEY = "oppo_seed"  # SamplingParams.extra_args key: [run seed, step, slot]
 
@@ -67,7 +71,7 @@ def seeded_rollouts_driver(module) -> None:
         images = images if images is not None else [None] * len(prompts)
         step, refs = getattr(self, "_oppo_step", 0), []
         order = self.__dict__.setdefault("_oppo_order", [])  # this step's prompts, by slot
-        for prompt, label, image in zip(prompts, labels, images):
+        for prompt, label, image in zip(prompts, labels, images, strict=False):
             slot = len(order)
             order.append(prompt)
             tag = {SEED_KEY: [self.args.train.seed, step, slot]}
@@ -153,3 +157,12 @@ def write_rollouts(path: str, step: int, experiences) -> None:
         samples.append({"prompt": e.prompts[0], "sequence": seq, "reward": reward})
     with open(path, "a") as fh:
         fh.write(json.dumps({"step": step, "samples": samples}) + "\n")
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("seeded_rollouts_driver", "openrlhf.trainer.ppo_utils.samples_generator", seeded_rollouts_driver,
+          f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
+    Patch("seeded_rollouts_engine", "openrlhf.trainer.ray.vllm_engine", seeded_rollouts_engine,
+          f"openrlhf {OPENRLHF_VERSION}"),
+    Patch("seeded_prompt_order", "openrlhf.trainer.ppo_trainer", seeded_prompt_order, f"openrlhf {OPENRLHF_VERSION}"),
+)

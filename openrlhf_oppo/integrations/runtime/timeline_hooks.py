@@ -28,10 +28,10 @@ import contextlib
 import functools
 import inspect
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.compat.patches import Patch
+from openrlhf_oppo.hooks import Patch
 from openrlhf_oppo.upstream import OPENRLHF_VERSION, ray_actor_classes
 
 

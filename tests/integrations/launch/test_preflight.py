@@ -15,7 +15,7 @@ from openrlhf_oppo.integrations.launch import preflight, yaml_config
 from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 from openrlhf_oppo.tasks import tiny
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "configs" / "tiny-cpu.yaml"
 
 

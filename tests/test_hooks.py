@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from openrlhf_oppo.compat.hooks import install_hooks
-from openrlhf_oppo.compat.patches import Patch
+from openrlhf_oppo.hooks import Patch, install_hooks
 
 
 def test_patches_run_around_the_first_import_of_their_module(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROMPT = ("<|im_start|>user\nJanet has 3 apples and buys 15 more. How many does she have?<|im_end|>\n"
           "<|im_start|>assistant\n")
 LABEL = "She has 3 + 15 = <<3+15=18>>18 apples.\n#### 18"

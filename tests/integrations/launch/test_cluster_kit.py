@@ -19,9 +19,9 @@ from unittest import mock
 
 import pytest
 
-from openrlhf_oppo.cli import train_ppo_ray
+from openrlhf_oppo.integrations.launch import driver
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = sorted((REPO / "examples" / "scripts").glob("train_*.sh"))
 ENTRY = "openrlhf_oppo.cli.train_ppo_ray"
 
@@ -44,9 +44,9 @@ def openrlhf_parse(argv: list[str]) -> dict:
         raise _Parsed(real(self, args, namespace))
 
     with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
-            mock.patch.object(sys, "argv", [train_ppo_ray.OPENRLHF_MODULE, *argv]):
+            mock.patch.object(sys, "argv", [driver.OPENRLHF_MODULE, *argv]):
         try:
-            runpy.run_module(train_ppo_ray.OPENRLHF_MODULE, run_name="__main__")
+            runpy.run_module(driver.OPENRLHF_MODULE, run_name="__main__")
         except _Parsed as parsed:
             return vars(parsed.namespace)
     raise AssertionError("OpenRLHF's train_ppo_ray did not parse its arguments")
@@ -81,9 +81,9 @@ def test_every_setup_has_a_script():
 def test_script_parses_with_openrlhfs_parser_and_ours(script, monkeypatch):
     monkeypatch.chdir(REPO)  # the scripts run from the repository root; presets are relative to it
     argv = training_argv(dry_run(script))
-    cfg, rest = train_ppo_ray.parse(argv)
-    train_ppo_ray.check_flags(rest, cfg)
-    args = openrlhf_parse(train_ppo_ray.openrlhf_argv(rest, cfg))
+    cfg, rest = driver.parse(argv)
+    driver.check_flags(rest, cfg)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
     assert args["actor.model_name_or_path"] and args["data.prompt_dataset"]
     assert not [a for a in rest if a.startswith("--oppo.")]
 
@@ -92,9 +92,9 @@ def test_flags_after_the_script_override_its_preset(monkeypatch):
     monkeypatch.chdir(REPO)
     script = REPO / "examples" / "scripts" / "train_oppo_gsm8k_grpo.sh"
     argv = training_argv(dry_run(script, "--rollout.batch_size", "8", "--oppo.delta.init", "1"))
-    cfg, rest = train_ppo_ray.parse(argv)
+    cfg, rest = driver.parse(argv)
     assert cfg.delta.init == 1
-    assert openrlhf_parse(train_ppo_ray.openrlhf_argv(rest, cfg))["rollout.batch_size"] == 8
+    assert openrlhf_parse(driver.openrlhf_argv(rest, cfg))["rollout.batch_size"] == 8
 
 
 def test_an_unknown_flag_fails_openrlhfs_parser(capsys):
@@ -123,15 +123,16 @@ def test_readme_gpu_example_parses_and_is_not_refused():
     (block,) = [b for b in blocks if ENTRY in b]
     argv = training_argv(shlex.split(block.replace("\\\n", " ")))
     assert "--reward.model_name_or_path" in argv and "--oppo.delta.init" in argv
-    cfg, rest = train_ppo_ray.parse(argv)
-    train_ppo_ray.check_flags(rest, cfg)
-    args = openrlhf_parse(train_ppo_ray.openrlhf_argv(rest, cfg))
+    cfg, rest = driver.parse(argv)
+    driver.check_flags(rest, cfg)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
     assert args["reward.model_name_or_path"] == "OpenRLHF/Llama-3-8b-rm-700k"  # a hub id: resolved as OpenRLHF does
-    assert train_ppo_ray.streams_rewards(rest, cfg)
+    assert driver.streams_rewards(rest, cfg)
 
 
 def test_every_path_the_readme_cluster_section_names_exists():
-    paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`", _readme_cluster_section()))
+    paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`",
+                           _readme_cluster_section()))
     section = _readme_cluster_section()
     paths |= {f"examples/scripts/{n}" for n in re.findall(r"`(train_oppo_[\w.]+\.sh)`", section)}
     paths |= {f"configs/cluster/{n}" for n in re.findall(r"`([\w.-]+\.yaml)`", section)}
@@ -147,16 +148,16 @@ def test_the_driver_runtime_env_leaves_out_what_the_submitted_job_sets():
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
     from ray.runtime_env.runtime_env import _merge_runtime_env
 
-    assert train_ppo_ray.JOB_CONFIG_ENV == RAY_JOB_CONFIG_JSON_ENV_VAR
+    assert driver.JOB_CONFIG_ENV == RAY_JOB_CONFIG_JSON_ENV_VAR
     job = {"runtime_env": {"working_dir": ".", "env_vars": {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "k"}}}
     environ = {"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "k", "OPPO_CONFIG_JSON": "{}", "OPPO_TIMELINE_DIR": "/shared/t",
-               "HOME": "/root", train_ppo_ray.JOB_CONFIG_ENV: json.dumps(job)}
-    env = train_ppo_ray.driver_env_vars(environ)
+               "HOME": "/root", driver.JOB_CONFIG_ENV: json.dumps(job)}
+    env = driver.driver_env_vars(environ)
     assert env == {"TOKENIZERS_PARALLELISM": "true", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
                    "OPPO_CONFIG_JSON": "{}", "OPPO_TIMELINE_DIR": "/shared/t"}
     assert _merge_runtime_env(job["runtime_env"], {"env_vars": env}) is not None  # what ray.init does with them
     assert _merge_runtime_env(job["runtime_env"], {"env_vars": {**env, "NCCL_DEBUG": "WARN"}}) is None
-    outside_a_job = train_ppo_ray.driver_env_vars({k: v for k, v in environ.items() if k != train_ppo_ray.JOB_CONFIG_ENV})
+    outside_a_job = driver.driver_env_vars({k: v for k, v in environ.items() if k != driver.JOB_CONFIG_ENV})
     assert outside_a_job["NCCL_DEBUG"] == "INFO" and outside_a_job["WANDB_API_KEY"] == "k"
 
 

@@ -14,7 +14,8 @@ def test_flags_the_schedules_and_tiny_config_rely_on_exist_upstream():
     assert flags["rollout.vllm_generate_batch_size"].kind == "value"
     assert flags["actor.adam.betas"].kind == "list"
     assert flags["critic.adam.lr"].kind == "value"  # from the `for prefix in ("actor", "critic")` loop
-    assert {"actor", "critic", "ref", "reward", "vllm", "ds", "train", "rollout", "algo", "data"} <= set(namespaces(flags))
+    expected = {"actor", "critic", "ref", "reward", "vllm", "ds", "train", "rollout", "algo", "data"}
+    assert expected <= set(namespaces(flags))
 
 
 def test_parse_flags_expands_prefix_loops_and_reads_actions():

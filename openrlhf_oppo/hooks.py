@@ -1,12 +1,33 @@
-"""Post-import (and pre-exec) hooks: run a patch when its target module is
-imported, or at once if it already is. Pure standard library."""
+"""How OPPO's patches reach every process of a run: a `Patch` runs when its target
+module is imported (after it executes, or before with `before_exec`), or at once if
+it already is; `SITE_DIR` holds the `sitecustomize` that installs a run's patch lists
+at process start (`integrations.runtime.startup` decides which).
+
+Pure standard library: the sitecustomize imports it in every Python process of a run.
+"""
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
 import sys
-from typing import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+# The directory the launcher (and `compat.launch_env`) puts first on PYTHONPATH: Ray
+# workers, Ray actors and vLLM's engine subprocesses all inherit it. A path, not an
+# import: its sitecustomize runs the composition root of integrations.runtime.
+SITE_DIR = Path(__file__).resolve().parent / "integrations" / "runtime" / "_site"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str  # once per process: a second install of the same name is skipped
+    module: str  # the module whose import triggers the patch
+    fn: Callable  # fn(module) -> None
+    upstream: str  # what it was written against: "openrlhf 0.11.2", ...
+    before_exec: bool = False  # run just before the module executes (e.g. to stand in for its imports)
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -30,7 +51,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
 class _PatchFinder(importlib.abc.MetaPathFinder):
     def __init__(self):
-        self.pending: dict[str, list] = {}
+        self.pending: dict[str, list[Patch]] = {}
 
     def find_spec(self, fullname, path=None, target=None):
         patches = self.pending.pop(fullname, None)
@@ -49,7 +70,7 @@ _FINDER = _PatchFinder()
 _INSTALLED: set[str] = set()
 
 
-def install_hooks(patches: Iterable) -> None:
+def install_hooks(patches: Iterable[Patch]) -> None:
     """Register patches; each runs once per process."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

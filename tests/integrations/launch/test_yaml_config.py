@@ -8,7 +8,7 @@ import pytest
 
 from openrlhf_oppo.integrations.launch import schedules, yaml_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_tiny_cpu_config_translates_to_openrlhf_flags():
@@ -62,7 +62,8 @@ def test_schedule_table_maps_to_openrlhf_modes():
     base = {"rollout.batch_size": 4}
     assert schedules.schedule_flags("sync", base) == {}
     assert schedules.schedule_flags("async", base) == {"train.async_enable": True}
-    assert schedules.schedule_flags("partial", base) == {"train.async_enable": True, "train.partial_rollout_enable": True}
+    assert schedules.schedule_flags("partial", base) == {"train.async_enable": True,
+                                                         "train.partial_rollout_enable": True}
     assert schedules.schedule_flags("oversample", base) == {
         "train.async_enable": True,
         "rollout.vllm_generate_batch_size": 8,

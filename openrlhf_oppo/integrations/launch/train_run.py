@@ -1,0 +1,149 @@
+"""`openrlhf-oppo train --schedule sync --config configs/tiny-cpu.yaml [-- extra OpenRLHF flags]`
+
+Translates the YAML into OpenRLHF 0.11.2's own dotted flags, adds the schedule's
+flags (see openrlhf_oppo.integrations.launch.schedules) and runs OpenRLHF's
+`train_ppo_ray` unmodified, with the CPU compat layer where CUDA is absent.
+Progress and metrics are OpenRLHF's (stdout, TensorBoard under <output>/tensorboard,
+wandb offline when configured without a key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="openrlhf-oppo train", description=__doc__.splitlines()[0])
+    p.add_argument("--schedule", required=True, help=f"one of: {', '.join(SCHEDULES)}")
+    p.add_argument("--config", required=True, help="YAML run config, e.g. configs/tiny-cpu.yaml")
+    p.add_argument("--assets", default=None,
+                   help="task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")
+    p.add_argument("--output", default=None, help="run directory (default: runs/<config>-<schedule>)")
+    p.add_argument("--timeout-s", type=float, default=None, help="end the run (exit 124) after this many seconds")
+    p.add_argument("--skip-input-checks", action="store_true",
+                   help="skip the dataset, prompt-length and tokenizer checks before launch (flag checks still run)")
+    p.add_argument("--restarts", type=int, default=0,
+                   help="after a crash, relaunch this many times from the last checkpoint (--ckpt.load_enable; "
+                        "set --ckpt.save_steps). A stop asked by SIGTERM/SIGINT or --timeout-s is not restarted")
+    p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
+    return p
+
+
+def _task_flags(flags: dict, assets_dir: str | None, variant: str) -> tuple[dict, Path | None]:
+    """Model and data paths default to a built-in task (`variant`, one of
+    openrlhf_oppo.tasks.VARIANTS), built on first use."""
+    from openrlhf_oppo import tasks
+
+    # Checked even when the paths are given, so a typo never passes silently.
+    if variant not in tasks.VARIANTS:
+        raise ValueError(f"task.variant: unknown variant '{variant}'; allowed: {', '.join(tasks.VARIANTS)}")
+    needed = {"actor.model_name_or_path", "reward.model_name_or_path", "data.prompt_dataset"}
+    if needed <= flags.keys():
+        return {}, None
+    assets = tasks.build(variant, assets_dir)
+    defaults = {
+        "actor.model_name_or_path": str(assets.actor),
+        "reward.model_name_or_path": str(assets.reward),
+        "critic.model_name_or_path": str(assets.critic),
+        "data.prompt_dataset": str(assets.prompts),
+    }
+    return {k: v for k, v in defaults.items() if k not in flags}, assets.actor / "tokenizer.json"
+
+
+def main(argv: list[str]) -> int:
+    return run(argv).returncode
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a run launches: OpenRLHF's flags, the argv after them, and whether OPPO runs."""
+
+    flags: dict  # dotted OpenRLHF flags: the YAML's, the task's model and data paths, the schedule's
+    extra: list[str]  # `--oppo.*` flags (OPPO schedules), then the user's extra flags
+    oppo: bool  # an OPPO schedule (entry point openrlhf_oppo.cli.train_ppo_ray)
+    tokenizer_json: Path | None  # the built-in task's tokenizer, for the weight-sync probe
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """Every flag check, before anything is built or started; then the task's defaults."""
+    from openrlhf_oppo.integrations.launch import preflight, schedules, yaml_config
+
+    config = yaml_config.load(args.config)
+    oppo_cfg = schedules.oppo_config(args.schedule, config.oppo)  # validated before any work
+    flags = dict(config.flags)
+    oppo_argv: list[str] = []
+    if oppo_cfg is not None:
+        from openrlhf_oppo.config import to_cli_args
+        from openrlhf_oppo.integrations.launch import driver
+
+        driver.check_flags([*yaml_config.to_argv(flags), *args.extra], oppo_cfg)
+        oppo_argv = to_cli_args(oppo_cfg)
+    extra = [*oppo_argv, *args.extra]
+    preflight.check_config(flags, extra, oppo=oppo_cfg is not None)  # before anything is built or started
+    task_defaults, tokenizer_json = _task_flags(
+        flags, args.assets or config.task.get("assets"), config.task.get("variant", "tiny")
+    )
+    flags.update(task_defaults)
+    flags.update(schedules.schedule_flags(args.schedule, flags))
+    return _Plan(flags=flags, extra=extra, oppo=oppo_cfg is not None, tokenizer_json=tokenizer_json)
+
+
+def run(argv: list[str]):
+    """`main` returning the launcher's RunResult (exit code, wall time, run paths)."""
+    args = _parser().parse_args(argv)
+    from openrlhf_oppo.integrations.launch import launcher, preflight, schedules
+
+    schedule = schedules.check(args.schedule)
+    plan = _plan(args)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.config).stem)
+    paths = launcher.RunPaths(Path(args.output or f"runs/{stem}-{args.schedule}").resolve())
+    if args.skip_input_checks:
+        paths.preflight.unlink(missing_ok=True)
+        print("openrlhf-oppo train: input checks skipped (--skip-input-checks)", flush=True)
+    else:
+        preflight.check_inputs(plan.flags, plan.extra, paths.preflight, oppo=plan.oppo)
+    probe_ids = launcher.probe_prompt_ids(plan.tokenizer_json) if plan.tokenizer_json else None
+    if args.restarts < 0:
+        raise ValueError(f"--restarts must be >= 0, got {args.restarts}")
+    result = _launch(args, plan, paths, probe_ids, schedule.entry_module)
+    _report(args.schedule, result)
+    return result
+
+
+def _launch(args: argparse.Namespace, plan: _Plan, paths, probe_ids: list[int] | None, entry_module: str):
+    """Launch, and after a crash relaunch from the last checkpoint up to `--restarts` times."""
+    from openrlhf_oppo.integrations.launch import launcher
+
+    extra = plan.extra
+    for attempt in range(args.restarts + 1):
+        result = launcher.launch(
+            plan.flags, paths, extra, probe_ids, timeout_s=args.timeout_s,
+            entry_module=entry_module, fresh=attempt == 0, graceful_stop=plan.oppo,
+        )
+        if result.returncode in (0, launcher.TIMEOUT_RETURNCODE) or result.stopped_by or attempt == args.restarts:
+            break
+        print(f"openrlhf-oppo train: exit {result.returncode}; restart {attempt + 1} of {args.restarts} from the "
+              f"last checkpoint in {plan.flags.get('ckpt.path', paths.checkpoints)} (the ledger spans the attempts)",
+              flush=True)
+        if "--ckpt.load_enable" not in extra:
+            extra = [*extra, "--ckpt.load_enable"]
+    return result
+
+
+def _report(schedule: str, result) -> None:
+    from openrlhf_oppo.integrations.launch import launcher
+
+    paths = result.paths
+    probes = launcher.read_probe(paths.sync_probe)
+    changed = sum(1 for a, b in zip(probes, probes[1:], strict=False) if a["logprobs"] != b["logprobs"])
+    print(
+        f"openrlhf-oppo train: schedule={schedule} exit={result.returncode} wall={result.wall_s:.1f}s "
+        f"weight_syncs={len(probes)} vllm_output_changed_after={changed}/{max(len(probes) - 1, 0)} "
+        f"output={paths.root}",
+        flush=True,
+    )
