@@ -188,6 +188,7 @@ PATCHES: tuple[Patch, ...] = (
           f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
     Patch("master_port_outside_ephemeral_range", "openrlhf.trainer.ray.launcher", master_port_outside_ephemeral_range,
           f"openrlhf {OPENRLHF_VERSION}"),
-    *(Patch("dataset_columns_as_lists", f"openrlhf.datasets.{module}", dataset_columns_as_lists,
+    # one name per target module: install_hooks installs a name once per process
+    *(Patch(f"dataset_columns_as_lists.{module}", f"openrlhf.datasets.{module}", dataset_columns_as_lists,
             f"openrlhf {OPENRLHF_VERSION}, datasets >= 4") for module in ("reward_dataset", "sft_dataset")),
 )

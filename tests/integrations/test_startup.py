@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from openrlhf_oppo import compat, hooks, run_env
 from openrlhf_oppo.compat import caches, patches
 from openrlhf_oppo.integrations.runtime import seeding, startup, timeline_hooks
@@ -25,8 +23,6 @@ def test_cache_and_seeding_patches_go_everywhere_compat_and_timeline_only_when_a
     assert startup.patch_lists({run_env.COMPAT: "0", run_env.TIMELINE_DIR: ""}) == [caches.PATCHES, seeding.PATCHES]
 
 
-@pytest.mark.xfail(strict=True, reason="compat.patches lists `dataset_columns_as_lists` twice (reward_dataset, "
-                   "sft_dataset) under one name, so install_hooks never installs the sft_dataset one")
 def test_every_patch_name_is_unique_across_the_lists():
     every = [p.name for lst in startup.patch_lists({run_env.COMPAT: "1", run_env.TIMELINE_DIR: "/t"}) for p in lst]
     assert len(every) == len(set(every))  # install_hooks skips a name it has seen
