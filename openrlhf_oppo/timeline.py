@@ -27,8 +27,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from openrlhf_oppo import run_env
 

@@ -27,7 +27,10 @@ def test_every_field_has_help():
         ({"delta": {"init": 20, "max": 16}}, "--oppo.delta.init"),
         ({"chunk": {"size_tokens": 0}}, "--oppo.chunk.size_tokens"),
         ({"chunk": {"candidates": []}}, "--oppo.chunk.candidates"),
-        ({"chunk": {"adaptive": True, "candidates": [1, 2, 3], "trial_steps": 2, "period_steps": 5}}, "--oppo.chunk.period_steps"),
+        (
+            {"chunk": {"adaptive": True, "candidates": [1, 2, 3], "trial_steps": 2, "period_steps": 5}},
+            "--oppo.chunk.period_steps",
+        ),
         ({"staleness": {"max_deferral_steps": 0}}, "--oppo.staleness.max_deferral_steps"),
         ({"staleness": {"correction": "foo"}}, "--oppo.staleness.correction"),
         ({"delta": {"rule": "eq5"}}, "--oppo.delta.rule"),
@@ -49,12 +52,14 @@ def test_unknown_yaml_key_names_the_key(tmp_path):
 
 def test_yaml_loads_nested_values_and_ignores_other_sections(tmp_path):
     path = tmp_path / "ok.yaml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         actor: {lr: 1e-6}
         oppo:
           delta: {init: 3, max: 6, rule: alg1}
           chunk: {size_tokens: 64, candidates: [32, 64]}
-    """))
+    """)
+    )
     cfg = C.load_yaml(str(path))
     assert (cfg.delta.init, cfg.delta.max, cfg.delta.rule) == (3, 6, "alg1")
     assert cfg.chunk.candidates == (32, 64)
@@ -64,7 +69,9 @@ def test_yaml_loads_nested_values_and_ignores_other_sections(tmp_path):
 def test_cli_flags_generated_from_fields_overlay_yaml():
     parser = argparse.ArgumentParser()
     C.add_cli_flags(parser)
-    args = parser.parse_args(["--oppo.delta.init", "8", "--oppo.chunk.candidates", "64", "128", "--oppo.streaming.critic", "true"])
+    args = parser.parse_args(
+        ["--oppo.delta.init", "8", "--oppo.chunk.candidates", "64", "128", "--oppo.streaming.critic", "true"]
+    )
     base = C.from_dict({"delta": {"max": 10}})
     cfg = C.from_cli(args, base)
     assert cfg.delta.init == 8 and cfg.delta.max == 10
@@ -104,7 +111,9 @@ def test_bad_config_file_exits_with_one_line_error(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("oppo:\n  delta: {min: 4, max: 2, init: 2}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path)],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -115,8 +124,18 @@ def test_config_command_prints_resolved_yaml(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("oppo:\n  delta: {init: 2}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path), "--oppo.chunk.size_tokens", "32"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "openrlhf_oppo.cli.main",
+            "config",
+            "--config",
+            str(path),
+            "--oppo.chunk.size_tokens",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     import yaml
@@ -129,7 +148,9 @@ def test_unknown_yaml_key_exits_with_one_line_error(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("oppo:\n  chunk: {size: 3}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path)],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "oppo.chunk.size" in proc.stderr
@@ -140,6 +161,7 @@ def test_docs_flags_md_is_generated_from_the_config():
     every flag with its default."""
     path = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
     assert path.read_text() == C.flags_markdown(), (
-        "docs/flags.md is stale: run `openrlhf-oppo config --flags-md > docs/flags.md`")
+        "docs/flags.md is stale: run `openrlhf-oppo config --flags-md > docs/flags.md`"
+    )
     for flag in C.field_help():
         assert f"| `--oppo.{flag}` |" in path.read_text()

@@ -47,5 +47,5 @@ def score(query: str, prompt: str, label: str) -> float:
 
 def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> dict:
     """{"rewards", "scores": (B,) float tensors, "extra_logs": {"accuracy": (B,)}} as OpenRLHF reads it."""
-    rewards = torch.tensor([score(q, p, l) for q, p, l in zip(queries, prompts, labels)], dtype=torch.float32)
+    rewards = torch.tensor([score(q, p, label) for q, p, label in zip(queries, prompts, labels)], dtype=torch.float32)
     return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": {"accuracy": rewards.clone()}}

@@ -18,9 +18,9 @@ import random
 import statistics
 import time
 
+from openrlhf_oppo.bench.synthetic import LengthModel, SyntheticRollout, feed_round
 from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StreamingConfig
 from openrlhf_oppo.core import OverlapScheduler, StepStats
-from openrlhf_oppo.bench.synthetic import LengthModel, SyntheticRollout, feed_round
 
 
 class _GcClock:
@@ -104,17 +104,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    print(f"scheduler core: {args.groups} groups x n={args.n}, Δ={args.delta}, lengths log-normal "
-          f"(median 1000) clipped to {args.max_len}, 2 streaming scorers, {args.steps} steps x {args.repeats} runs per C")
-    print("ms/step: process CPU inside scheduler calls, Python's cyclic GC pauses included (gc in calls: that part); "
-          "gc total: all GC time in the step, outside the calls too")
+    print(
+        f"scheduler core: {args.groups} groups x n={args.n}, Δ={args.delta}, lengths log-normal "
+        f"(median 1000) clipped to {args.max_len}, 2 streaming scorers, {args.steps} steps x {args.repeats} runs per C"
+    )
+    print(
+        "ms/step: process CPU inside scheduler calls, Python's cyclic GC pauses included (gc in calls: that part); "
+        "gc total: all GC time in the step, outside the calls too"
+    )
     print(f"load average at start: {_load()}")
     runs: dict[int, list[dict]] = {c: [] for c in args.chunk_sizes}
     for _ in range(args.repeats):
         for c in args.chunk_sizes:
             runs[c].append(_one_run(args.groups, args.n, c, args.delta, args.steps, args.max_len, args.seed))
-    print(f"{'C':>6} {'ms/step median':>15} {'ms/step max':>12} {'run medians':>20} {'gc in calls':>12} "
-          f"{'gc total':>9} {'events/s':>10} {'tokens/step':>12}")
+    print(
+        f"{'C':>6} {'ms/step median':>15} {'ms/step max':>12} {'run medians':>20} {'gc in calls':>12} "
+        f"{'gc total':>9} {'events/s':>10} {'tokens/step':>12}"
+    )
     results = {}
     for c, rs in runs.items():
         ms = [x for r in rs for x in r["ms_per_step"]]
@@ -125,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         gc_total = statistics.mean(r["gc_ms_per_step"] for r in rs)
         events_per_s = sum(r["events"] for r in rs) / sum(r["cpu_s"] for r in rs)
         tokens = rs[0]["tokens"] // args.steps
-        print(f"{c:>6} {med:>15.1f} {max(ms):>12.1f} {run_medians:>20} {gc_in_calls:>12.1f} {gc_total:>9.1f} "
-              f"{events_per_s:>10,.0f} {tokens:>12,}")
+        print(
+            f"{c:>6} {med:>15.1f} {max(ms):>12.1f} {run_medians:>20} {gc_in_calls:>12.1f} {gc_total:>9.1f} "
+            f"{events_per_s:>10,.0f} {tokens:>12,}"
+        )
     print(f"load average at end: {_load()}")
     for c, med in results.items():
         print(f"C={c}: {med:.1f} ms/step vs target 50 ms -> ratio {med / 50:.2f} ({'met' if med < 50 else 'NOT met'})")

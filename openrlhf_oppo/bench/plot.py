@@ -168,7 +168,8 @@ def plot_lengths(run_dir: Path, out: Path | None) -> Path:
 def _read(run_dir: Path) -> list[dict]:
     rows = timeline.read(run_dir / "timeline")
     if not rows:
-        raise ValueError(f"{run_dir}: no timeline records under {run_dir / 'timeline'} (a run of `openrlhf-oppo train`)")
+        raise ValueError(f"{run_dir}: no timeline records under {run_dir / 'timeline'} "
+                         "(a run of `openrlhf-oppo train`)")
     return rows
 
 

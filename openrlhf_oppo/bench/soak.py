@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=2.0, help="seconds between RSS samples")
     p.add_argument("--timeout-s", type=float, default=None, help="end the run after this many seconds")
     p.add_argument("--report-only", action="store_true", help="run nothing: summarize and plot --output")
-    p.add_argument("--min-rss-mb", type=float, default=50.0, help="processes smaller than this are left out of the table")
+    p.add_argument("--min-rss-mb", type=float, default=50.0, 
+                   help="processes smaller than this are left out of the table")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags")
     args = p.parse_args(argv)
     if args.steps < 1:
@@ -347,15 +348,31 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         rss_path.unlink(missing_ok=True)
         metrics_path.unlink(missing_ok=True)  # the launcher clears it too; the sampler counts its rows
-        print(f"[bench soak] {args.steps} steps: --data.max_samples {max_samples} --train.num_episodes {episodes}; "
-              f"RSS every {args.interval_s:g}s -> {rss_path}", flush=True)
+        print(
+            f"[bench soak] {args.steps} steps: --data.max_samples {max_samples} --train.num_episodes {episodes}; "
+            f"RSS every {args.interval_s:g}s -> {rss_path}",
+            flush=True,
+        )
         sampler = Sampler(os.getpid(), rss_path, metrics_path, args.interval_s)
         sampler.start()
         try:
-            result = train.run(["--schedule", args.schedule, "--config", args.config, "--output", str(out),
-                                *(["--timeout-s", str(args.timeout_s)] if args.timeout_s else []), "--",
-                                "--data.max_samples", str(max_samples), "--train.num_episodes", str(episodes),
-                                *args.extra])
+            result = train.run(
+                [
+                    "--schedule",
+                    args.schedule,
+                    "--config",
+                    args.config,
+                    "--output",
+                    str(out),
+                    *(["--timeout-s", str(args.timeout_s)] if args.timeout_s else []),
+                    "--",
+                    "--data.max_samples",
+                    str(max_samples),
+                    "--train.num_episodes",
+                    str(episodes),
+                    *args.extra,
+                ]
+            )
             returncode = result.returncode
         finally:
             sampler.stop.set()
@@ -367,8 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(rows, kv_rows)
     summary["returncode"] = returncode
     (out / "soak.json").write_text(json.dumps(summary, indent=1))
-    png = plot(rows, kv_rows, out / "soak.png", title=f"soak: {args.config}, schedule {args.schedule}, "
-               f"{summary['steps']} steps")
+    png = plot(
+        rows,
+        kv_rows,
+        out / "soak.png",
+        title=f"soak: {args.config}, schedule {args.schedule}, {summary['steps']} steps",
+    )
     print_summary(summary, args.min_rss_mb)
     print(f"[bench soak] {out / 'soak.json'}, {png}")
     return returncode

@@ -18,7 +18,9 @@ TARGETS = {
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in TARGETS:
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"openrlhf-oppo bench: unknown target '{argv[0]}'; choose one of: {', '.join(TARGETS)}", file=sys.stderr)
+            print(
+                f"openrlhf-oppo bench: unknown target '{argv[0]}'; choose one of: {', '.join(TARGETS)}", file=sys.stderr
+            )
             return 2
         print("usage: openrlhf-oppo bench <target> [options]\n\ntargets:")
         for name, (_, help_) in TARGETS.items():

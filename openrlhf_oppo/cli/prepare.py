@@ -10,9 +10,13 @@ def main(argv: list[str]) -> int:
     from openrlhf_oppo import tasks
 
     p = argparse.ArgumentParser(prog="openrlhf-oppo prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--variant", default="tiny", choices=list(tasks.VARIANTS),
-                   help="task variant: tiny; longtail (heavy-tailed response lengths); learn (a learnable task: "
-                        "SFT'd policy and Bradley-Terry reward model trained by OpenRLHF's trainers, ~7 min on 2 CPU cores)")
+    p.add_argument(
+        "--variant",
+        default="tiny",
+        choices=list(tasks.VARIANTS),
+        help="task variant: tiny; longtail (heavy-tailed response lengths); learn (a learnable task: "
+        "SFT'd policy and Bradley-Terry reward model trained by OpenRLHF's trainers, ~7 min on 2 CPU cores)",
+    )
     p.add_argument("--assets", default=None, help="output dir (default ~/.cache/openrlhf_oppo/<variant>)")
     p.add_argument("--force", action="store_true", help="rebuild even if already built")
     args = p.parse_args(argv)

@@ -66,7 +66,8 @@ def host_available_bytes() -> int:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-        raise RuntimeError("cannot read the host's available memory (no psutil, no MemAvailable in /proc/meminfo)")
+        msg = "cannot read the host's available memory (no psutil, no MemAvailable in /proc/meminfo)"
+        raise RuntimeError(msg) from None
 
 
 def auto_kv_budget(config, dtype, device, share: int = 1) -> KVBudget:

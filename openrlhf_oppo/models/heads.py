@@ -75,9 +75,15 @@ def value_model_parts(model: nn.Module, pooling: str = "last") -> ValueModelPart
         )
     score = getattr(model, "score", None)
     config = getattr(model, "config", None)
-    if isinstance(score, nn.Linear) and config is not None and type(model).__name__.endswith("ForSequenceClassification"):
+    if (
+        isinstance(score, nn.Linear)
+        and config is not None
+        and type(model).__name__.endswith("ForSequenceClassification")
+    ):
         if score.out_features != 1:
-            raise ValueError(f"{type(model).__name__} has num_labels={score.out_features}; a reward model needs num_labels=1")
+            raise ValueError(
+                f"{type(model).__name__} has num_labels={score.out_features}; a reward model needs num_labels=1"
+            )
         # As OpenRLHF's RewardModel.__init__ on this config: the flag is config.normalize_reward
         # (the loader sets it), mean/std come from the config when it has them.
         has_stats = hasattr(config, "mean")

@@ -182,7 +182,9 @@ def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward:
 
 
 def _load_transformers(path: Path, normalize_reward: bool, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation
+    )
     if model.config.num_labels != 1:
         raise ValueError(f"{path}: num_labels={model.config.num_labels}; a reward model needs num_labels=1")
     # As get_llm_for_sequence_regression: the flag goes on the config; the scorers apply it with the
@@ -210,8 +212,9 @@ def load_reward_model(
             absent). A transformers model's own forward stays unnormalised.
         value_head_prefix: OpenRLHF layout only; `value_head_prefix` in config.json wins.
     """
-    return _load_value_model(path, OpenRLHFRewardModel, layout, normalize_reward, value_head_prefix, dtype,
-                             attn_implementation)
+    return _load_value_model(
+        path, OpenRLHFRewardModel, layout, normalize_reward, value_head_prefix, dtype, attn_implementation
+    )
 
 
 def load_critic_model(
@@ -224,8 +227,9 @@ def load_critic_model(
     attn_implementation: str = "sdpa",
 ) -> nn.Module:
     """Load a critic (same layouts as `load_reward_model`), in eval mode, for `StreamingCriticScorer`."""
-    return _load_value_model(path, OpenRLHFCriticModel, layout, normalize_reward, value_head_prefix, dtype,
-                             attn_implementation)
+    return _load_value_model(
+        path, OpenRLHFCriticModel, layout, normalize_reward, value_head_prefix, dtype, attn_implementation
+    )
 
 
 def _load_value_model(path, cls, layout, normalize_reward, value_head_prefix, dtype, attn_implementation) -> nn.Module:

@@ -172,13 +172,16 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
     raw["lengths"].pop("quantiles", None)
     raw.pop("name", None)
     n = found["notes"]
-    head = [f"# Calibrated by `openrlhf-oppo simulate calibrate {' '.join(map(str, run_dirs))}`",
-            f"# on {datetime.date.today().isoformat()}: {n['responses']} responses, {n['steps']} steps, "
-            f"{n['reward_calls']} reward calls with token counts.",
-            "# decode: seconds per token vs responses decoded at once (least squares); make_experience and train:",
-            f"# driver spans vs the step's tokens (forward_per_token_s = the fit / {n['forwards']} forwards);",
-            f"# lengths: {len(found['lengths'])} responses of rollouts.jsonl (sequence - {prompt_tokens} prompt tokens).",
-            f"# Split, workload and oppo sections: from the base preset {base_name}.", ""]
+    head = [
+        f"# Calibrated by `openrlhf-oppo simulate calibrate {' '.join(map(str, run_dirs))}`",
+        f"# on {datetime.date.today().isoformat()}: {n['responses']} responses, {n['steps']} steps, "
+        f"{n['reward_calls']} reward calls with token counts.",
+        "# decode: seconds per token vs responses decoded at once (least squares); make_experience and train:",
+        f"# driver spans vs the step's tokens (forward_per_token_s = the fit / {n['forwards']} forwards);",
+        f"# lengths: {len(found['lengths'])} responses of rollouts.jsonl (sequence - {prompt_tokens} prompt tokens).",
+        f"# Split, workload and oppo sections: from the base preset {base_name}.",
+        "",
+    ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(head) + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
 
@@ -186,11 +189,19 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo simulate calibrate", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--output", type=Path, required=True,
-                   help="the preset to write (e.g. openrlhf_oppo/sim/presets/cpu-longtail.yaml)")
+    p.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="the preset to write (e.g. openrlhf_oppo/sim/presets/cpu-longtail.yaml)",
+    )
     p.add_argument("--base", default="cpu-longtail", help="preset whose split, workload and oppo sections are kept")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help="prompt tokens to subtract from rollouts.jsonl sequences (default: the base preset's)")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="prompt tokens to subtract from rollouts.jsonl sequences (default: the base preset's)",
+    )
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the phase fits")
     args = p.parse_args(argv)
     base = presets.load_preset(args.base)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from openrlhf_oppo.sim.costs import CostModel
 

@@ -376,8 +376,17 @@ def test_runs_seed_major_through_the_launcher_with_seed_and_variant_flags(tmp_pa
 def test_keep_done_runs_only_what_did_not_finish(tmp_path, tokenizer_dir, text, monkeypatch):
     calls = fake_train(monkeypatch, text)
     out = tmp_path / "bench"
-    common = ["--config", "configs/learn-cpu.yaml", "--seeds", "2", "--output", str(out), "--tokenizer", str(tokenizer_dir),
-              "--no-final-eval"]
+    common = [
+        "--config",
+        "configs/learn-cpu.yaml",
+        "--seeds",
+        "2",
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--no-final-eval",
+    ]
     assert convergence.main([*common, "--schedules", "sync"]) == 0
     shutil.rmtree(out / "sync-s1")  # cut short: only its result
     (out / "sync-s1").mkdir()
@@ -403,19 +412,41 @@ def test_a_signal_that_stops_a_run_stops_the_bench(tmp_path, tokenizer_dir, text
 
     monkeypatch.setattr(train, "run", stopped_in_second_run)
     out = tmp_path / "bench"
-    assert convergence.main(["--config", "configs/learn-cpu.yaml", "--seeds", "2", "--schedules", "sync", "oppo",
-                             "--output", str(out), "--tokenizer", str(tokenizer_dir), "--no-final-eval"]) == 143
+    assert (
+        convergence.main(
+            [
+                "--config",
+                "configs/learn-cpu.yaml",
+                "--seeds",
+                "2",
+                "--schedules",
+                "sync",
+                "oppo",
+                "--output",
+                str(out),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--no-final-eval",
+            ]
+        )
+        == 143
+    )
     assert len(calls) == 2  # not the two runs of seed 1
     assert json.loads((out / "oppo-s0" / "result.json").read_text())["returncode"] == 143
-    assert "stopped by SIGTERM in run 2/4: no further runs; the same command with --keep-done" in capsys.readouterr().out
+    assert (
+        "stopped by SIGTERM in run 2/4: no further runs; the same command with --keep-done" in capsys.readouterr().out
+    )
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--schedules", "sync", "nope"], "--schedules: unknown nope"),
-    (["--seeds", "0"], "--seeds must be >= 1"),
-    (["--window", "0"], "--window must be >= 1"),
-    (["--", "--train.seed", "3"], "--train.seed after `--`"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--schedules", "sync", "nope"], "--schedules: unknown nope"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--window", "0"], "--window must be >= 1"),
+        (["--", "--train.seed", "3"], "--train.seed after `--`"),
+    ],
+)
 def test_bad_arguments_are_refused_before_any_run(argv, message, capsys, monkeypatch):
     from openrlhf_oppo.integrations.launch import train_run as train
 
@@ -451,18 +482,33 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
 
     def fake_evaluate(root_, actors, trained, samples_per_prompt):
         seen.update(root=root_, actors=actors, trained=trained, samples_per_prompt=samples_per_prompt)
+
         def ev(em, reward):
-            return {"prompts": 256, "exact_match": em, "mean_reward": reward, "response_tokens": {"median": 7},
-                    "exact_match_by_band": {"mid": {"exact_match": em / 2}, "short": {"exact_match": 1.0}}}
-        return {name: ev(*{"sft": (0.6, -1.0), "sync-s0": (0.7, 0.5), "sync-s1": (0.8, 1.5),
-                           "oppo-s0": (0.75, 1.0)}[name]) for name in actors}
+            return {
+                "prompts": 256,
+                "exact_match": em,
+                "mean_reward": reward,
+                "response_tokens": {"median": 7},
+                "exact_match_by_band": {"mid": {"exact_match": em / 2}, "short": {"exact_match": 1.0}},
+            }
+
+        return {
+            name: ev(*{"sft": (0.6, -1.0), "sync-s0": (0.7, 0.5), "sync-s1": (0.8, 1.5), "oppo-s0": (0.75, 1.0)}[name])
+            for name in actors
+        }
 
     monkeypatch.setattr(evaluation, "evaluate_actors", fake_evaluate)
     runs = {"sync": {0: {"returncode": 0}, 1: {"returncode": 0}}, "oppo": {0: {"returncode": 0}, 1: {"returncode": 1}}}
     fe = final_eval.evaluate(str(config), out, runs)
-    assert seen["trained"] == 512 and seen["root"] == root and seen["samples_per_prompt"] == final_eval.SAMPLES_PER_PROMPT
-    assert seen["actors"] == {"sft": root / "actor", "sync-s0": out / "sync-s0" / "model",
-                              "sync-s1": out / "sync-s1" / "model", "oppo-s0": out / "oppo-s0" / "model"}
+    assert (
+        seen["trained"] == 512 and seen["root"] == root and seen["samples_per_prompt"] == final_eval.SAMPLES_PER_PROMPT
+    )
+    assert seen["actors"] == {
+        "sft": root / "actor",
+        "sync-s0": out / "sync-s0" / "model",
+        "sync-s1": out / "sync-s1" / "model",
+        "oppo-s0": out / "oppo-s0" / "model",
+    }
     rows = {r["schedule"]: r for r in fe["rows"]}
     assert rows["sft"]["exact_match"] == (0.6, 0.6, 0.6)
     assert rows["sync"]["exact_match"] == (0.75, 0.7, 0.8) and rows["sync"]["mean_reward"] == (1.0, 0.5, 1.5)

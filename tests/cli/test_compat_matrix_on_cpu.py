@@ -35,12 +35,13 @@ def reward_func(queries, prompts, labels):
     """How close the response's word count is to the label (tiny task: a number)."""
     rewards = [-abs(len(q[len(p):].split()) - int(lb)) / 10 for q, p, lb in zip(queries, prompts, labels)]
     return {"rewards": torch.tensor(rewards), "scores": torch.tensor(rewards),
-            "extra_logs": {"response_words": torch.tensor([float(len(q[len(p):].split())) for q, p in zip(queries, prompts)])}}
+            "extra_logs": {"response_words": torch.tensor([float(len(q[len(p):].split()))
+                                                           for q, p in zip(queries, prompts)])}}
 '''
 
 
 def rule_reward(query: str, prompt: str, label: str) -> float:
-    return -abs(len(query[len(prompt):].split()) - int(label)) / 10
+    return -abs(len(query[len(prompt) :].split()) - int(label)) / 10
 
 
 @contextlib.contextmanager
@@ -111,10 +112,25 @@ def reward_py(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rule_run(train_runs, reward_py, tiny_assets):
-    return train_runs("oppo", *TWO_STEPS, "--train.colocate_all", "--reward.remote_url", str(reward_py),
-                      "--algo.advantage.estimator", "group_norm", "--eval.dataset", str(tiny_assets / "prompts.jsonl"),
-                      "--eval.n_samples_per_prompt", "2", "--eval.steps", "1",
-                      "--logger.wandb.project", "oppo-matrix", "--logger.wandb.run_name", "rule")
+    return train_runs(
+        "oppo",
+        *TWO_STEPS,
+        "--train.colocate_all",
+        "--reward.remote_url",
+        str(reward_py),
+        "--algo.advantage.estimator",
+        "group_norm",
+        "--eval.dataset",
+        str(tiny_assets / "prompts.jsonl"),
+        "--eval.n_samples_per_prompt",
+        "2",
+        "--eval.steps",
+        "1",
+        "--logger.wandb.project",
+        "oppo-matrix",
+        "--logger.wandb.run_name",
+        "rule",
+    )
 
 
 def _hub_cache(root: Path, source: Path, repo: str, mean: float, std: float) -> None:
@@ -142,10 +158,23 @@ def model_run(train_runs, tiny_assets, tmp_path_factory):
     cache = tmp_path_factory.mktemp("hf-hub")
     _hub_cache(cache, tiny_assets / "reward", HUB_REPO, MEAN, STD)
     with environ(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"):
-        return train_runs("oppo", *TWO_STEPS, "--train.colocate_actor_ref", "--train.colocate_critic_reward",
-                          "--reward.model_name_or_path", HUB_REPO, "--reward.normalize_enable",
-                          "--ds.attn_implementation", "eager", "--vllm.num_engines", "2",
-                          "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "16")
+        return train_runs(
+            "oppo",
+            *TWO_STEPS,
+            "--train.colocate_actor_ref",
+            "--train.colocate_critic_reward",
+            "--reward.model_name_or_path",
+            HUB_REPO,
+            "--reward.normalize_enable",
+            "--ds.attn_implementation",
+            "eager",
+            "--vllm.num_engines",
+            "2",
+            "--rollout.n_samples_per_prompt",
+            "4",
+            "--train.batch_size",
+            "16",
+        )
 
 
 # ---------------------------------------------------------------- placement
@@ -219,8 +248,9 @@ def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(model_run, tin
     compat.apply()
     from openrlhf.models import get_llm_for_sequence_regression
 
-    model = get_llm_for_sequence_regression(str(tiny_assets / "reward"), "reward", param_dtype="bf16",
-                                            attn_implementation="sdpa", value_head_prefix="score").eval()
+    model = get_llm_for_sequence_regression(
+        str(tiny_assets / "reward"), "reward", param_dtype="bf16", attn_implementation="sdpa", value_head_prefix="score"
+    ).eval()
     compared = 0
     for g in _trained(model_run):
         for s in g["samples"]:
@@ -248,8 +278,8 @@ def _wandb_history(path: Path) -> list[dict]:
         if room < 7:  # a block's tail too short for a record header is padding
             pos += room
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        parts.append(data[pos + 7:pos + 7 + length])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        parts.append(data[pos + 7 : pos + 7 + length])
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: the record is complete
             record = wandb_internal_pb2.Record()
@@ -267,6 +297,12 @@ def test_wandb_without_a_key_logs_offline_with_oppo_and_timing_keys(rule_run):
     steps = [r for r in _wandb_history(run_file) if "train/oppo/delta" in r]
     assert [r["train/global_step"] for r in steps] == [1, 2]
     for row in steps:
-        for key in ("train/reward", "train/policy_loss", "train/oppo/deferred_fraction", "train/oppo/chunk_size",
-                    "train/timing/idle/rollout", "train/timing/idle/actor"):
+        for key in (
+            "train/reward",
+            "train/policy_loss",
+            "train/oppo/deferred_fraction",
+            "train/oppo/chunk_size",
+            "train/timing/idle/rollout",
+            "train/timing/idle/actor",
+        ):
             assert isinstance(row.get(key), (int, float)), (key, sorted(row))

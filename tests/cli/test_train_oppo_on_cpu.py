@@ -159,7 +159,8 @@ def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs, 
     first_sync = sync_steps[0]["samples"]
     assert len(first_sync) == 8 and len({tuple(s["sequence"]) for s in first_sync}) > 1
     for a, b in zip(oppo_steps, sync_steps):
-        assert [(s["prompt"], s["sequence"]) for s in a["samples"]] == [(s["prompt"], s["sequence"]) for s in b["samples"]]
+        pairs = [[(s["prompt"], s["sequence"]) for s in step["samples"]] for step in (a, b)]
+        assert pairs[0] == pairs[1]
 
     oppo_tb, sync_tb = _tensorboard_scalars(oppo), _tensorboard_scalars(sync)
     compared = [tag for tag in sync_tb if tag.endswith("_loss")] + ["train/reward"]
@@ -180,9 +181,17 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
         env.setenv("OPPO_FAULTS", "driver@0")  # the trainer dies right after step 0's checkpoint
         run_a = train_runs("oppo", "--data.max_samples", "8", "--ckpt.save_steps", "1", output=root_a)
     assert run_a.returncode != 0 and list((root_a / "checkpoints" / "_actor").glob("global_step1")), f"see {run_a.root}"
-    run_b = train_runs("oppo", "--data.max_samples", "8", "--ckpt.load_enable",
-                       "--ckpt.path", str(root_a / "checkpoints"), "--train.num_episodes", "2",
-                       output=tmp_path_factory.mktemp("resume-b"))
+    run_b = train_runs(
+        "oppo",
+        "--data.max_samples",
+        "8",
+        "--ckpt.load_enable",
+        "--ckpt.path",
+        str(root_a / "checkpoints"),
+        "--train.num_episodes",
+        "2",
+        output=tmp_path_factory.mktemp("resume-b"),
+    )
     assert run_b.returncode == 0, run_b.failure()
     trace_a, trace_b = _trace(run_a), _trace(run_b)
     assert [r["step"] for r in trace_a] == [0] and [r["step"] for r in trace_b] == [1, 2, 3]
@@ -202,8 +211,10 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
             assert sample["tokens"][: len(held)] == held
             # decoded by policy 0 in A up to the checkpoint; on in B with the checkpoint's weights (1).
             # (A carried group may also be complete already: first-B takes B of the complete ones.)
-            assert set(sample["versions"][: len(held)]) <= {0} and set(sample["versions"][len(held):]) <= {1}
-    assert {g for g in at_checkpoint["carried_groups"]} <= {g["group_id"] for row in trace_b for g in row["trained"]} | in_flight
+            assert set(sample["versions"][: len(held)]) <= {0} and set(sample["versions"][len(held) :]) <= {1}
+    assert {g for g in at_checkpoint["carried_groups"]} <= {
+        g["group_id"] for row in trace_b for g in row["trained"]
+    } | in_flight
 
     # the ledger of A then B (a restart after A's step 1) accounts for every group
     from openrlhf_oppo.core import ledger

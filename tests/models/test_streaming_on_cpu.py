@@ -52,7 +52,9 @@ def cases(draw, min_response: int = 0, max_response: int = 40, min_first_chunk: 
     response = draw(st.lists(st.integers(0, VOCAB - 1), min_size=min_response, max_size=max_response))
     cuts = sorted(draw(st.lists(st.integers(0, len(response)), max_size=6)))
     if min_first_chunk:
-        cuts = sorted([draw(st.integers(min_first_chunk, len(response) - 1)), *(c for c in cuts if c >= min_first_chunk)])
+        cuts = sorted(
+            [draw(st.integers(min_first_chunk, len(response) - 1)), *(c for c in cuts if c >= min_first_chunk)]
+        )
     bounds = [0, *cuts, len(response)]
     return Case(prompt, [response[a:b] for a, b in zip(bounds, bounds[1:])])
 
@@ -124,8 +126,9 @@ def assert_close(got: list[float], want: list[float]) -> None:
 
 @settings(**SETTINGS)
 @given(case=cases())
-def test_streamed_reward_equals_openrlhfs_one_shot_for_any_chunking(hf_reward_model, hf_reward_forward_in_openrlhf,
-                                                                     case):
+def test_streamed_reward_equals_openrlhfs_one_shot_for_any_chunking(
+    hf_reward_model, hf_reward_forward_in_openrlhf, case
+):
     """Default pooling ('last'): as OpenRLHF's reward model reads this checkpoint, pad ids drawn anywhere."""
     scorer = StreamingRewardScorer(hf_reward_model)
     scorer.open(7, case.prompt)
@@ -148,9 +151,11 @@ def test_streamed_non_pad_reward_equals_its_forward_for_any_chunking(hf_reward_m
 
 @pytest.mark.parametrize(
     "prompt, chunks",
-    [([0, 5, 0], [[0], [0]]),  # rightmost non-pad is in the prompt
-     ([0, 0], [[0], []]),  # no non-pad token at all: transformers reads position 0
-     ([7, 0], [[0, 9], [0, 0], []])],  # a non-pad token inside an earlier chunk
+    [
+        ([0, 5, 0], [[0], [0]]),  # rightmost non-pad is in the prompt
+        ([0, 0], [[0], []]),  # no non-pad token at all: transformers reads position 0
+        ([7, 0], [[0, 9], [0, 0], []]),
+    ],  # a non-pad token inside an earlier chunk
 )
 def test_transformers_reward_reads_rightmost_non_pad_token_like_its_forward(hf_reward_model, prompt, chunks):
     scorer = StreamingRewardScorer(hf_reward_model, pooling="non_pad")
@@ -203,8 +208,9 @@ def test_reference_temperature_divides_logits(causal_lm):
 
 @settings(**SETTINGS)
 @given(batch=st.lists(cases(), min_size=2, max_size=5), rng=st.randoms(use_true_random=False))
-def test_extend_many_mixing_cached_lengths_equals_one_shot(hf_reward_model, hf_reward_forward_in_openrlhf, causal_lm,
-                                                           batch, rng):
+def test_extend_many_mixing_cached_lengths_equals_one_shot(
+    hf_reward_model, hf_reward_forward_in_openrlhf, causal_lm, batch, rng
+):
     batch = dict(enumerate(batch))
     rewards, _ = stream_many(StreamingRewardScorer(hf_reward_model), batch, rng)
     logprobs, per_chunk = stream_many(StreamingReferenceScorer(causal_lm), batch, random.Random(rng.random()))
@@ -216,10 +222,14 @@ def test_extend_many_mixing_cached_lengths_equals_one_shot(hf_reward_model, hf_r
 
 
 @settings(**SETTINGS)
-@given(batch=st.lists(cases(min_first_chunk=3), min_size=3, max_size=5), rng=st.randoms(use_true_random=False),
-       budget=st.integers(1, 11))
-def test_tiny_kv_budget_evicts_and_reprefills_without_changing_results(openrlhf_reward_model, causal_lm, batch,
-                                                                       rng, budget):
+@given(
+    batch=st.lists(cases(min_first_chunk=3), min_size=3, max_size=5),
+    rng=st.randoms(use_true_random=False),
+    budget=st.integers(1, 11),
+)
+def test_tiny_kv_budget_evicts_and_reprefills_without_changing_results(
+    openrlhf_reward_model, causal_lm, batch, rng, budget
+):
     # The first round caches >= 3 * (1 + 3) = 12 tokens > budget: some sequence is evicted, and
     # re-prefilled when its next chunk comes (each has one).
     batch = dict(enumerate(batch))
@@ -304,8 +314,12 @@ def any_scorer(request, hf_reward_model, causal_lm, openrlhf_critic_model):
 
 
 def test_unknown_seq_id_is_a_clear_error(any_scorer):
-    for call in (lambda: any_scorer.extend(42, [1]), lambda: any_scorer.finish(42, []),
-                 lambda: any_scorer.drop(42), lambda: any_scorer.extend_many({42: [1]})):
+    for call in (
+        lambda: any_scorer.extend(42, [1]),
+        lambda: any_scorer.finish(42, []),
+        lambda: any_scorer.drop(42),
+        lambda: any_scorer.extend_many({42: [1]}),
+    ):
         with pytest.raises(UnknownSequenceError, match="unknown seq_id 42"):
             call()
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from openrlhf_oppo.sim import calibrate, costs as cost_model, drivers
+from openrlhf_oppo.sim import calibrate, drivers
+from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim.presets import load_preset
 
 PROMPT = 8

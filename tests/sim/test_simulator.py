@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from openrlhf_oppo.sim import costs as cost_model

@@ -265,12 +265,17 @@ def test_openrlhf_touch_points_of_the_fp32_trainer():
     strategy = _source("openrlhf.utils.deepspeed.deepspeed")
     assert "get_eval_ds_config," in strategy and "get_train_ds_config," in strategy
     assert strategy.count("get_train_ds_config(") >= 1 and strategy.count("get_eval_ds_config(") >= 1
-    assert ("def setup_dataloader(\n        self,\n        replay_buffer,\n        batch_size: int,\n        pin_memory: bool = False,"
-            "\n        shuffle=True,\n        collate_fn=None,\n        drop_last=True,\n        sampler=None,"
-            "\n        consumed_samples=0,") in strategy
+    assert (
+        "def setup_dataloader(\n        self,\n        replay_buffer,\n        batch_size: int,"
+        "\n        pin_memory: bool = False,"
+        "\n        shuffle=True,\n        collate_fn=None,\n        drop_last=True,\n        sampler=None,"
+        "\n        consumed_samples=0,"
+    ) in strategy
     for trainer in ("openrlhf.cli.train_sft", "openrlhf.cli.train_rm"):  # the training loader: shuffled, no sampler
-        assert re.search(r"strategy\.setup_dataloader\(\s*train_dataset,\s*args\.train\.micro_batch_size,\s*True,\s*True,",
-                         _source(trainer))
+        assert re.search(
+            r"strategy\.setup_dataloader\(\s*train_dataset,\s*args\.train\.micro_batch_size,\s*True,\s*True,",
+            _source(trainer),
+        )
     configs = _source("openrlhf.utils.deepspeed.deepspeed_utils")
     assert configs.count('"bf16": {') == 2 and configs.count('"fp16": {') == 2
 
@@ -297,14 +302,25 @@ def test_length_grouped_loader_keeps_openrlhfs_other_loaders():
     """Only train_rm's training loader (shuffled, no sampler, not resumed) is reordered."""
     calls = []
 
-    def setup_dataloader(self, replay_buffer, batch_size: int, pin_memory: bool = False, shuffle=True,
-                         collate_fn=None, drop_last=True, sampler=None, consumed_samples=0, num_workers: int = 0):
+    def setup_dataloader(
+        self,
+        replay_buffer,
+        batch_size: int,
+        pin_memory: bool = False,
+        shuffle=True,
+        collate_fn=None,
+        drop_last=True,
+        sampler=None,
+        consumed_samples=0,
+        num_workers: int = 0,
+    ):
         calls.append(sampler)
 
     wrapped = trainers._length_grouped(setup_dataloader)
     strategy = types.SimpleNamespace(seed=3)
-    pairs = types.SimpleNamespace(prompts=["reverse: a b =>"] * 4 + ["reverse: a =>"] * 4, chosens=[" b a"] * 8,
-                                  rejects=[" a b"] * 8)
+    pairs = types.SimpleNamespace(
+        prompts=["reverse: a b =>"] * 4 + ["reverse: a =>"] * 4, chosens=[" b a"] * 8, rejects=[" a b"] * 8
+    )
     wrapped(strategy, pairs, 4, True, True, None)  # train_rm's call
     assert sorted(calls[-1]) == list(range(8)) and len(calls[-1]) == 8
     wrapped(strategy, pairs, 4, True, False, None)  # eval: in order
@@ -346,8 +362,17 @@ def test_quantile_and_auc_by_hand():
 
 # Runs OpenRLHF's train_sft and train_rm (DeepSpeed on CPU) on a few dozen samples:
 # ~1-2 min on a 2-core machine, most of it process start-up.
-SMOKE = learn.LearnSpec(sft_samples=64, sft_batch_size=16, rm_train_pairs=32, rm_heldout_pairs=16,
-                        rm_policy_prompts=8, rm_batch_size=16, rl_prompts=16, eval_prompts=8, max_new_tokens=16)
+SMOKE = learn.LearnSpec(
+    sft_samples=64,
+    sft_batch_size=16,
+    rm_train_pairs=32,
+    rm_heldout_pairs=16,
+    rm_policy_prompts=8,
+    rm_batch_size=16,
+    rl_prompts=16,
+    eval_prompts=8,
+    max_new_tokens=16,
+)
 
 
 @pytest.mark.slow
