@@ -55,8 +55,9 @@ def resend_chunks(flight: InFlight, scorer_index: int, all_done: int, chosen: It
 
 
 def token_slice(chunks: list[Sequence[int]], num_tokens: int, start: int, end: int) -> Sequence[int]:
-    """Response tokens ``[start, end)`` of a sample holding ``chunks`` (``num_tokens`` in all),
-    copied in the deltas' own container (an array slice is one memcpy).
+    """Response tokens ``[start, end)`` of a sample holding ``chunks`` (``num_tokens`` in all):
+    the delta itself when the range is exactly one, else a copy in the deltas' own container
+    (an array slice is one memcpy).
 
     Walks back from the newest delta: a chunk is cut from the newest tokens, so it
     reads one or two deltas however long the sample is."""
@@ -68,8 +69,10 @@ def token_slice(chunks: list[Sequence[int]], num_tokens: int, start: int, end: i
         i -= 1
         offset -= len(chunks[i])
     piece = chunks[i]
-    out = piece[start - offset : end - offset]
     pos = offset + len(piece)
+    if start == offset and end == pos:
+        return piece  # exactly one delta: shared, not copied (read-only, as every chunk's tokens)
+    out = piece[start - offset : end - offset]
     while pos < end:
         i += 1
         piece = chunks[i]

@@ -44,7 +44,6 @@ from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.ledger import LEDGER_FIELDS
 from openrlhf_oppo.core.records import InFlight, Sample
 from openrlhf_oppo.core.types import ChunkReady, StepPlan, StepReport, StepStats, TrainBatch
-from openrlhf_oppo.core.validate import ACK_FIELDS
 
 # Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
 # tens of thousands are made per step.
@@ -183,10 +182,11 @@ class OverlapScheduler:
             if c and n - cut >= c:
                 base = n - k  # offset of this delta's first token
                 while n - cut >= c:
-                    # a chunk inside this delta is one slice of it; else it reaches back into older ones
-                    toks = token_ids[cut - base : cut - base + c] if cut >= base else token_slice(
-                        s.token_chunks, n, cut, cut + c
-                    )
+                    # its tokens: this very delta (no copy), a slice of it, or a join with older ones
+                    if cut >= base:
+                        toks = token_ids if c == k else token_ids[cut - base : cut - base + c]
+                    else:
+                        toks = token_slice(s.token_chunks, n, cut, cut + c)
                     add_ready(new_tuple(chunk_ready, (sample_id, cut, cut + c, False, toks)))
                     cut += c
                 s.cut = cut
@@ -231,9 +231,10 @@ class OverlapScheduler:
         samples, scored = self._flight.samples, self._flight.scored[idx]
         validate.check_acks(samples, scored, scorer, acks)  # every entry before applying any
         bit, all_done = 1 << idx, self._all_done
-        for sample_id, _, end, final in map(ACK_FIELDS, acks):
-            scored[sample_id] = end
-            if final:
+        for ack in acks:  # a ChunkReady or a plain (sample_id, start, end, final)
+            sample_id = ack[0]
+            scored[sample_id] = ack[2]
+            if ack[3]:
                 s = samples[sample_id]
                 if not s.done_mask & bit:
                     s.done_mask |= bit
@@ -325,9 +326,7 @@ class OverlapScheduler:
         """Group ids admitted and not yet trained (carried or current)."""
         return tuple(self._flight.groups)
 
-    @property
-    def next_prompt_index(self) -> int:
-        return self._flight.next_prompt_index
+    next_prompt_index = property(attrgetter("_flight.next_prompt_index"))
 
     @property
     def oldest_prompt_index(self) -> int:

@@ -37,10 +37,11 @@ class ChunkReady(NamedTuple):
         final (bool): the sample finished at ``end``; no chunk of it follows.
         token_ids (Sequence[int]): the response token ids ``[start, end)``, shape
             ``[end - start]``, so that a driver need not call back ``response_tokens``.
-            A copy in the engine deltas' own container: ``array("i")`` as the rollout
-            actors hand them (a slice of an array is a memcpy; a tuple would cost one int
-            object per token, about 10 µs per 512-token chunk), a list for lists, ``()``
-            for an empty chunk of a sample with no tokens. A chunk built by hand for
+            Read-only, in the engine deltas' own container (``array("i")`` as the rollout
+            actors hand them, a list for lists; ``()`` for an empty chunk of a sample
+            without tokens): the very delta when the chunk is exactly one (the scheduler
+            holds it), else a copy (an array slice is a memcpy; a tuple would cost one int
+            object per token, ~10 µs per 512-token chunk). A chunk built by hand for
             ``on_scored_many`` may leave it out.
     """
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 from openrlhf_oppo.config import OppoConfig
@@ -18,8 +17,6 @@ from openrlhf_oppo.core.records import Sample
 from openrlhf_oppo.core.types import FINISH_REASONS, StepStats
 
 INT_CODES = frozenset("bBhHiIlLqQ")  # array typecodes of integers
-# (sample_id, start, end, final) of a ChunkReady or of a plain 4-tuple, at C speed
-ACK_FIELDS = itemgetter(0, 1, 2, 3)
 
 
 def check_setup(config: OppoConfig, batch_groups: int, samples_per_group: int, scorers: tuple[str, ...]) -> None:
@@ -115,7 +112,10 @@ def check_acks(samples: dict[int, Sample], scored: dict[int, int], scorer: str, 
     upto: dict[int, int] = {}  # acknowledged so far, this call's earlier entries included
     sample_id = None
     try:
-        for sample_id, start, end, final in map(ACK_FIELDS, acks):
+        for ack in acks:  # a ChunkReady or a plain 4-tuple: indexed (unpacking would need one length)
+            sample_id = ack[0]
+            start = ack[1]
+            end = ack[2]
             s = samples[sample_id]
             before = upto.get(sample_id, scored[sample_id])
             if not start <= before <= end <= s.cut:
@@ -123,7 +123,7 @@ def check_acks(samples: dict[int, Sample], scored: dict[int, int], scorer: str, 
                     f"sample {sample_id}: {scorer} acknowledged [{start}, {end}), but [0, {s.cut}) was sent "
                     f"and [0, {before}) acknowledged; a sample's chunks are acknowledged in order"
                 )
-            if final and (s.finish_reason is None or end != s.num_tokens):
+            if ack[3] and (s.finish_reason is None or end != s.num_tokens):
                 raise ValueError(
                     f"sample {sample_id}: {scorer} acknowledged a final chunk ending at {end}, "
                     f"but the sample has not finished at that token"
