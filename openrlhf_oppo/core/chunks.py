@@ -20,7 +20,10 @@ _new_tuple = tuple.__new__
 
 def restream_chunks(flight: InFlight, chunk_size_tokens: int, stream: bool) -> tuple[ChunkReady, ...]:
     """Every held token again, cut in ``chunk_size_tokens`` chunks when ``stream`` (else one
-    final chunk per finished sample): fresh scorers after a checkpoint load."""
+    final chunk per finished sample): fresh scorers after a checkpoint load. The restream
+    is then done: ``flight.needs_restream`` is cleared."""
+    flight.needs_restream = False
+    flight.restored_complete_order = []
     c, out = chunk_size_tokens, []
     for s in flight.samples.values():
         n = s.num_tokens

@@ -43,7 +43,7 @@ from openrlhf_oppo.core.chunks import resend_chunks, restream_chunks, token_slic
 from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.ledger import LEDGER_FIELDS
 from openrlhf_oppo.core.records import InFlight, Sample
-from openrlhf_oppo.core.types import ChunkReady, StepPlan, StepReport, StepStats, TrainBatch
+from openrlhf_oppo.core.types import FINISH_REASONS, ChunkReady, StepPlan, StepReport, StepStats, TrainBatch
 
 # Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
 # tens of thousands are made per step.
@@ -120,11 +120,7 @@ class OverlapScheduler:
         self._step_batch_groups = min(self.batch_groups, len(flight.groups))
         max_deferrals = self.config.staleness.max_deferral_steps
         self._must_finish = frozenset(g.group_id for g in flight.groups.values() if g.deferrals >= max_deferrals)
-        restream: tuple[ChunkReady, ...] = ()
-        if flight.needs_restream:
-            restream = restream_chunks(flight, self._chunk_size, self._stream) if self.scorers else ()
-            flight.needs_restream = False
-            flight.restored_complete_order = []
+        restream = restream_chunks(flight, self._chunk_size, self._stream) if flight.needs_restream else ()
         return StepPlan(
             step=step,
             admit=admit,
@@ -204,17 +200,19 @@ class OverlapScheduler:
     def on_finished(self, sample_id: int, reason: str = "stop") -> list[ChunkReady]:
         """The sample stopped generating; return its final chunk (the whole response when not streaming)."""
         s = self._sample(sample_id)
-        validate.check_finish(s, reason)
+        if s.finish_reason is not None or reason not in FINISH_REASONS:
+            validate.check_finish(s, reason)  # raises
         s.finish_reason = reason
         if not self.scorers:
             self._flight.sample_complete(s)
             return []
         if self._flight.needs_restream:  # the next plan's restream sends the final chunk
             return []
-        n = s.num_tokens
-        final = _new_tuple(ChunkReady, (sample_id, s.cut, n, True, token_slice(s.token_chunks, n, s.cut, n)))
+        n, cut, chunks = s.num_tokens, s.cut, s.token_chunks
+        # the final chunk is most often the last delta, whole (no copy)
+        toks = chunks[-1] if chunks and len(chunks[-1]) == n - cut else token_slice(chunks, n, cut, n)
         s.cut = n
-        return [final]
+        return [_new_tuple(ChunkReady, (sample_id, cut, n, True, toks))]
 
     def on_scored(self, sample_id: int, scorer: str, upto_token: int, final: bool = False) -> None:
         """A scorer has prefilled the sample's response tokens ``[0, upto_token)``;

@@ -100,6 +100,7 @@ def check_outputs(samples: dict[int, Sample], outputs: Sequence[tuple], version:
 
 
 def check_finish(s: Sample, reason: Any) -> None:
+    """`on_finished`'s checks: raise for a sample finished already or an unknown reason."""
     if s.finish_reason is not None:
         raise ValueError(f"sample {s.sample_id}: on_finished called twice")
     if reason not in FINISH_REASONS:
