@@ -391,7 +391,7 @@ class OverlapScheduler:
         checkpoint.check_header(state, self._setup)
         if self._step is not None or self._flight.groups or self._flight.last_step >= 0:
             raise RuntimeError("load_state_dict on a scheduler that already ran; build a fresh one")
-        # nothing below raises: the scheduler changes only now, and entirely
+        # load builds new objects (or raises): the scheduler changes only here, and entirely
         self._flight, self.delta, self.chunk = checkpoint.load(state, self._setup, self.config)
         self._chunk_size = self.chunk.value
         self._step_delta = self.delta.value
