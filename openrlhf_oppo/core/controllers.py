@@ -103,6 +103,15 @@ class ChunkSizeController:
     def in_trial(self) -> bool:
         return bool(self._trial_queue)
 
+    @property
+    def best(self) -> int:
+        """C after the last round of trials (``size_tokens`` before the first round ends)."""
+        return self._best
+
+    def trial_sizes(self) -> set[int]:
+        """Candidates of the round under way: still to try, or measured."""
+        return {*self._trial_queue, *self._tokens}
+
     def _new_round(self) -> list[int]:
         return [c for c in self.cfg.candidates for _ in range(self.cfg.trial_steps)]
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 LEDGER_FILE = "ledger.jsonl"
 # a checkpoint's ledger row per trained group (flat in the checkpoint)

@@ -1,5 +1,7 @@
-"""`frozen`: a scheduler's whole internal state as nested tuples, to assert that a
-rejected call changed nothing (``state_dict`` exists only between steps)."""
+"""Shared helpers of the core tests: `make_scheduler`, the one factory every core test
+builds its scheduler with (as vLLM's ``tests/v1/core/utils.py``), and `frozen`: a
+scheduler's whole internal state as nested tuples, to assert that a rejected call
+changed nothing (``state_dict`` exists only between steps)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,40 @@ from array import array
 from collections import deque
 
 import pytest
+
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StalenessConfig, StreamingConfig
+from openrlhf_oppo.core import OverlapScheduler
+
+SCORERS = ("reward", "reference")
+
+
+def build_scheduler(
+    batch_groups: int = 1,
+    samples_per_group: int = 1,
+    scorers: tuple[str, ...] = SCORERS,
+    *,
+    delta: int | DeltaConfig = 0,
+    max_delta: int | None = None,
+    chunk: int | ChunkConfig = 4,
+    stream: bool = True,
+    max_deferral: int = 3,
+) -> OverlapScheduler:
+    """A scheduler of B=``batch_groups`` groups of n=``samples_per_group``; config overrides:
+
+    delta: a fixed Δ (bounds [0, ``max_delta`` or Δ]), or a whole `DeltaConfig`;
+    chunk: a fixed C in tokens, or a whole `ChunkConfig` (adaptive C);
+    stream: stream chunks into the scorers; max_deferral: ``staleness.max_deferral_steps``.
+    """
+    if not isinstance(delta, DeltaConfig):
+        top = delta if max_delta is None else max_delta
+        delta = DeltaConfig(enable=True, init=delta, min=0, max=top, adaptive=False)
+    cfg = OppoConfig(
+        delta=delta,
+        chunk=chunk if isinstance(chunk, ChunkConfig) else ChunkConfig(size_tokens=chunk),
+        staleness=StalenessConfig(max_deferral_steps=max_deferral),
+        streaming=StreamingConfig(enable=stream),
+    )
+    return OverlapScheduler(cfg, batch_groups=batch_groups, samples_per_group=samples_per_group, scorers=scorers)
 
 
 def freeze(obj):
@@ -28,3 +64,9 @@ def freeze(obj):
 @pytest.fixture(scope="session")
 def frozen():
     return freeze
+
+
+@pytest.fixture(scope="session")
+def make_scheduler():
+    """The scheduler factory (`build_scheduler`); session-scoped, so hypothesis tests take it too."""
+    return build_scheduler

@@ -10,13 +10,8 @@ import random
 import pytest
 
 from openrlhf_oppo.cli.main import main
-from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig
-from openrlhf_oppo.core import OverlapScheduler, StepStats, ledger
-
-
-def _scheduler():
-    cfg = OppoConfig(delta=DeltaConfig(init=2, max=2, adaptive=False), chunk=ChunkConfig(size_tokens=2))
-    return OverlapScheduler(cfg, batch_groups=2, samples_per_group=2, scorers=("reward",))
+from openrlhf_oppo.config import DeltaConfig
+from openrlhf_oppo.core import StepStats, ledger
 
 
 def _prompt(position: int) -> str:
@@ -27,12 +22,13 @@ class Run:
     """A driver writing ledger events as `OppoSamplesGenerator` does; `crash_at` kills it
     after that many events of the step loop, `save_every` checkpoints after those steps."""
 
-    def __init__(self, path, rng, save_every=2):
+    def __init__(self, path, rng, make_scheduler, save_every=2):
+        self.make_scheduler = make_scheduler
         self.path, self.rng, self.save_every = path, rng, save_every
         self.checkpoint = None  # (state, step)
 
     def attempt(self, total_steps: int, crash_after_steps: int | None) -> bool:
-        sched = _scheduler()
+        sched = self.make_scheduler(2, 2, ("reward",), delta=DeltaConfig(init=2, max=2, adaptive=False), chunk=2)
         if self.checkpoint:
             sched.load_state_dict(json.loads(self.checkpoint))
         step = sched.state_dict()["last_step"] + 1
@@ -45,7 +41,8 @@ class Run:
             plan = sched.begin_step(step)
             sched.on_scored_many("reward", plan.restream)
             admitted = [[g.group_id, g.prompt_index, _prompt(g.prompt_index)] for g in plan.admit]
-            live = [sid for gid in sched.in_flight_groups for sid in sched.group_sample_ids(gid) if not sched.is_finished(sid)]
+            held = [sid for gid in sched.in_flight_groups for sid in sched.group_sample_ids(gid)]
+            live = [sid for sid in held if not sched.is_finished(sid)]
             self.rng.shuffle(live)
             batch = None
             while batch is None:
@@ -68,10 +65,10 @@ class Run:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_crashes_at_random_points_and_resumes_keep_the_ledger(tmp_path, seed):
+def test_crashes_at_random_points_and_resumes_keep_the_ledger(tmp_path, seed, make_scheduler):
     rng = random.Random(seed)
     path = tmp_path / ledger.LEDGER_FILE
-    run = Run(path, rng)
+    run = Run(path, rng, make_scheduler)
     crashes = 0
     while not run.attempt(total_steps=12, crash_after_steps=rng.randint(1, 5) if crashes < 3 else None):
         crashes += 1

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from array import array
 
 import pytest
 
-from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StalenessConfig, StreamingConfig
-from openrlhf_oppo.core import OverlapScheduler, StepStats
+from openrlhf_oppo.core import StepStats
 
-SCORERS = ("reward", "reference")
-
-
-def make_scheduler(B=4, n=1, delta=0, max_delta=None, chunk=4, stream=True, max_deferral=3, scorers=SCORERS):
-    cfg = OppoConfig(
-        delta=DeltaConfig(enable=True, init=delta, min=0, max=delta if max_delta is None else max_delta, adaptive=False),
-        chunk=ChunkConfig(size_tokens=chunk),
-        staleness=StalenessConfig(max_deferral_steps=max_deferral),
-        streaming=StreamingConfig(enable=stream),
-    )
-    return OverlapScheduler(cfg, batch_groups=B, samples_per_group=n, scorers=scorers)
-
+SCORERS = ("reward", "reference")  # the factory's default scorers
 
 def finish_and_score(sched, sid, reason="stop"):
     for ch in sched.on_finished(sid, reason):
@@ -49,9 +38,9 @@ def test_core_and_simulator_import_without_heavy_dependencies():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-def test_figure1_first_four_finished_are_trained_and_two_carried_with_partial_tokens():
+def test_figure1_first_four_finished_are_trained_and_two_carried_with_partial_tokens(make_scheduler):
     # Paper Figure 1: B=4, Δ=2. Six prompts run; g1, g5, g4, g0 finish first.
-    sched = make_scheduler(B=4, delta=2, chunk=4)
+    sched = make_scheduler(batch_groups=4, delta=2, chunk=4)
     plan = sched.begin_step(0)
     assert [g.group_id for g in plan.admit] == [0, 1, 2, 3, 4, 5]
     sids = {g.group_id: g.sample_ids[0] for g in plan.admit}
@@ -74,8 +63,8 @@ def test_figure1_first_four_finished_are_trained_and_two_carried_with_partial_to
     assert sched.held_tokens(sids[2]) == list(range(200, 209)) + [7, 7]
 
 
-def test_delta_zero_streaming_off_is_synchronous_ppo():
-    sched = make_scheduler(B=3, n=2, delta=0, stream=False)
+def test_delta_zero_streaming_off_is_synchronous_ppo(make_scheduler):
+    sched = make_scheduler(batch_groups=3, samples_per_group=2, delta=0, stream=False)
     for step in range(3):
         plan = sched.begin_step(step)
         assert plan.carried == () and len(plan.admit) == 3
@@ -92,8 +81,8 @@ def test_delta_zero_streaming_off_is_synchronous_ppo():
         assert sched.end_step(stats()).carried_groups == ()
 
 
-def test_chunks_are_cut_every_C_tokens_and_final_chunk_holds_the_rest():
-    sched = make_scheduler(B=1, chunk=4)
+def test_chunks_are_cut_every_C_tokens_and_final_chunk_holds_the_rest(make_scheduler):
+    sched = make_scheduler(batch_groups=1, chunk=4)
     (g,) = sched.begin_step(0).admit
     sid = g.sample_ids[0]
     assert sched.on_tokens(sid, [1, 2, 3], None, 0) == []
@@ -101,8 +90,8 @@ def test_chunks_are_cut_every_C_tokens_and_final_chunk_holds_the_rest():
     assert [(c.start, c.end, c.final) for c in sched.on_finished(sid)] == [(8, 9, True)]
 
 
-def test_sample_is_not_complete_until_every_scorer_acknowledged_the_final_chunk():
-    sched = make_scheduler(B=1, chunk=2)
+def test_sample_is_not_complete_until_every_scorer_acknowledged_the_final_chunk(make_scheduler):
+    sched = make_scheduler(batch_groups=1, chunk=2)
     (g,) = sched.begin_step(0).admit
     sid = g.sample_ids[0]
     for ch in sched.on_tokens(sid, [1, 2], None, 0):
@@ -117,8 +106,8 @@ def test_sample_is_not_complete_until_every_scorer_acknowledged_the_final_chunk(
     assert sched.take_batch() is not None
 
 
-def test_group_is_trained_only_when_all_its_samples_finished():
-    sched = make_scheduler(B=1, n=3, chunk=8)
+def test_group_is_trained_only_when_all_its_samples_finished(make_scheduler):
+    sched = make_scheduler(batch_groups=1, samples_per_group=3, chunk=8)
     (g,) = sched.begin_step(0).admit
     for sid in g.sample_ids[:2]:
         sched.on_tokens(sid, [1], None, 0)
@@ -128,8 +117,8 @@ def test_group_is_trained_only_when_all_its_samples_finished():
     assert len(sched.take_batch().groups[0].samples) == 3
 
 
-def test_group_at_max_deferral_must_finish_and_the_batch_waits_for_it():
-    sched = make_scheduler(B=2, delta=1, max_deferral=1, chunk=8)
+def test_group_at_max_deferral_must_finish_and_the_batch_waits_for_it(make_scheduler):
+    sched = make_scheduler(batch_groups=2, delta=1, max_deferral=1, chunk=8)
     plan = sched.begin_step(0)
     slow = plan.admit[0].sample_ids[0]
     sched.on_tokens(slow, [1, 2, 3], None, 0)
@@ -148,8 +137,8 @@ def test_group_at_max_deferral_must_finish_and_the_batch_waits_for_it():
     assert len(batch.groups) == 2
 
 
-def test_token_policy_versions_and_offpolicy_fraction():
-    sched = make_scheduler(B=1, delta=1, chunk=100)
+def test_token_policy_versions_and_offpolicy_fraction(make_scheduler):
+    sched = make_scheduler(batch_groups=1, delta=1, chunk=100)
     plan = sched.begin_step(0)
     carried, fast = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
     sched.on_tokens(carried, [1, 2, 3], [-1.0, -1.0, -1.0], 0)
@@ -182,15 +171,15 @@ def test_token_policy_versions_and_offpolicy_fraction():
         (lambda s, sid: s.on_scored(sid, "reward", 0, final=True), "has not finished"),
     ],
 )
-def test_bad_events_raise_clear_errors(call, match):
-    sched = make_scheduler(B=1)
+def test_bad_events_raise_clear_errors(make_scheduler, call, match):
+    sched = make_scheduler(batch_groups=1)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     with pytest.raises(ValueError, match=match):
         call(sched, sid)
 
 
-def test_tokens_after_finish_and_version_going_back_are_rejected():
-    sched = make_scheduler(B=1)
+def test_tokens_after_finish_and_version_going_back_are_rejected(make_scheduler):
+    sched = make_scheduler(batch_groups=1)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     sched.on_tokens(sid, [1], None, 3)
     with pytest.raises(ValueError, match="went back from 3 to 2"):
@@ -200,8 +189,8 @@ def test_tokens_after_finish_and_version_going_back_are_rejected():
         sched.on_tokens(sid, [1], None, 3)
 
 
-def test_step_protocol_errors():
-    sched = make_scheduler(B=1)
+def test_step_protocol_errors(make_scheduler):
+    sched = make_scheduler(batch_groups=1)
     with pytest.raises(RuntimeError, match="begin_step first"):
         sched.take_batch()
     sched.begin_step(0)
@@ -211,13 +200,13 @@ def test_step_protocol_errors():
         sched.begin_step(1)
 
 
-def test_delta_max_above_batch_size_is_rejected():
+def test_delta_max_above_batch_size_is_rejected(make_scheduler):
     with pytest.raises(ValueError, match=r"--oppo\.delta\.max must be <= the rollout batch size \(2"):
-        make_scheduler(B=2, delta=1, max_delta=3)
+        make_scheduler(batch_groups=2, delta=1, max_delta=3)
 
 
-def test_checkpoint_holds_carried_samples_and_resume_restreams_them():
-    sched = make_scheduler(B=1, delta=1, chunk=2)
+def test_checkpoint_holds_carried_samples_and_resume_restreams_them(make_scheduler):
+    sched = make_scheduler(batch_groups=1, delta=1, chunk=2)
     plan = sched.begin_step(0)
     carried, fast = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
     for ch in sched.on_tokens(carried, [5, 6, 7], [-0.1, -0.2, -0.3], 0):
@@ -228,7 +217,7 @@ def test_checkpoint_holds_carried_samples_and_resume_restreams_them():
     sched.end_step(stats(0.5))
     state = json.loads(json.dumps(sched.state_dict()))  # survives JSON
 
-    resumed = make_scheduler(B=1, delta=1, chunk=2)
+    resumed = make_scheduler(batch_groups=1, delta=1, chunk=2)
     resumed.load_state_dict(state)
     plan = resumed.begin_step(1)
     assert plan.carried == (0,) and plan.admit[0].prompt_index == 2
@@ -246,14 +235,14 @@ def test_checkpoint_holds_carried_samples_and_resume_restreams_them():
     assert resumed.trained_groups_total == 2
 
 
-def test_checkpoint_from_other_shape_is_rejected():
-    sched = make_scheduler(B=2)
+def test_checkpoint_from_other_shape_is_rejected(make_scheduler):
+    sched = make_scheduler(batch_groups=2)
     with pytest.raises(ValueError, match="batch_groups"):
-        make_scheduler(B=3).load_state_dict(sched.state_dict())
+        make_scheduler(batch_groups=3).load_state_dict(sched.state_dict())
 
 
-def test_logprobs_first_recorded_midway_keep_one_entry_per_token_chunk():
-    sched = make_scheduler(B=1, chunk=100)
+def test_logprobs_first_recorded_midway_keep_one_entry_per_token_chunk(make_scheduler):
+    sched = make_scheduler(batch_groups=1, chunk=100)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     sched.on_tokens(sid, [1, 2], None, 0)
     sched.on_tokens(sid, [3], [-0.5], 0)
@@ -265,8 +254,8 @@ def test_logprobs_first_recorded_midway_keep_one_entry_per_token_chunk():
     assert sample.rollout_logprobs == [-0.5]
 
 
-def test_samples_without_logprobs_get_an_empty_entry_per_token_chunk():
-    sched = make_scheduler(B=2, chunk=100)
+def test_samples_without_logprobs_get_an_empty_entry_per_token_chunk(make_scheduler):
+    sched = make_scheduler(batch_groups=2, chunk=100)
     a, b = (g.sample_ids[0] for g in sched.begin_step(0).admit)
     sched.on_tokens(a, [1], None, 0)
     sched.on_tokens(a, [2, 3], None, 0)
@@ -277,8 +266,8 @@ def test_samples_without_logprobs_get_an_empty_entry_per_token_chunk():
     assert [list(c) for c in chunks[a]] == [[], []] and [list(c) for c in chunks[b]] == [[]]
 
 
-def test_a_new_policy_version_run_leaves_other_samples_runs_alone():
-    sched = make_scheduler(B=1, delta=1, chunk=100)
+def test_a_new_policy_version_run_leaves_other_samples_runs_alone(make_scheduler):
+    sched = make_scheduler(batch_groups=1, delta=1, chunk=100)
     plan = sched.begin_step(0)
     fast, carried = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
     sched.on_tokens(fast, [1, 2], None, 0)
@@ -294,8 +283,8 @@ def test_a_new_policy_version_run_leaves_other_samples_runs_alone():
     assert list(carried_sample.version_runs) == [(0, 0), (1, 1)]
 
 
-def test_unknown_sample_in_a_batch_of_events_is_named():
-    sched = make_scheduler(B=1)
+def test_unknown_sample_in_a_batch_of_events_is_named(make_scheduler):
+    sched = make_scheduler(batch_groups=1)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     with pytest.raises(ValueError, match="unknown sample_id 77"):
         sched.on_tokens_many([(sid, [1], None), (77, [2], None)], 0)
@@ -304,11 +293,11 @@ def test_unknown_sample_in_a_batch_of_events_is_named():
         sched.on_scored_many("reward", [chunks[0], chunks[0]._replace(sample_id=78)])
 
 
-def test_a_pass_boundary_admits_no_prompt_of_the_next_pass_and_ends_with_a_short_batch():
+def test_a_pass_boundary_admits_no_prompt_of_the_next_pass_and_ends_with_a_short_batch(make_scheduler):
     """Prompts 0-9 are one pass (an OpenRLHF episode), B=4, Δ=2: the overcommit stops at the
     boundary, every prompt of the pass is trained before any of the next, and the pass ends
     with the 2 groups left (OpenRLHF's last batch of an episode is short too)."""
-    sched = make_scheduler(B=4, delta=2, stream=False, scorers=())
+    sched = make_scheduler(batch_groups=4, delta=2, stream=False, scorers=())
     per_pass, trained, step = 10, [], 0
     while len(trained) < per_pass:
         boundary = (sched.oldest_prompt_index // per_pass + 1) * per_pass
@@ -332,9 +321,29 @@ def test_a_pass_boundary_admits_no_prompt_of_the_next_pass_and_ends_with_a_short
     assert [g.prompt_index for g in plan.admit] == list(range(10, 16))
 
 
-def test_admit_until_is_checked_before_the_step_opens():
-    sched = make_scheduler()
+def test_admit_until_is_checked_before_the_step_opens(make_scheduler):
+    sched = make_scheduler(batch_groups=4)
     for bad in (-1, 2.0, "3"):
         with pytest.raises(ValueError, match="admit_until"):
             sched.begin_step(0, admit_until=bad)
     assert sched.begin_step(0, admit_until=0).admit == ()  # nothing left to admit: a valid, empty step
+
+
+def test_every_chunk_carries_its_tokens_as_the_engine_handed_them(make_scheduler):
+    sched = make_scheduler(batch_groups=1, delta=1, chunk=4, scorers=("reward",))
+    plan = sched.begin_step(0)
+    sid, other = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
+    assert sched.on_tokens(sid, array("i", [1, 2, 3]), None, 0) == []
+    # the first chunk reaches back into the first delta, the second is a slice of this one
+    c1, c2 = sched.on_tokens(sid, array("i", [4, 5, 6, 7, 8, 9, 10]), None, 0)
+    assert sched.on_tokens(sid, array("i", [11]), None, 0) == []
+    (final,) = sched.on_finished(sid)
+    assert [(c.start, c.end, list(c.token_ids)) for c in (c1, c2, final)] == [
+        (0, 4, [1, 2, 3, 4]), (4, 8, [5, 6, 7, 8]), (8, 11, [9, 10, 11])
+    ]
+    assert type(c1.token_ids) is array and c1.token_ids.typecode == "i"  # a slice copy, not an int per token
+    assert list(c2.token_ids) == sched.response_tokens(sid, 4, 8)  # the call-back still answers the same
+    (empty,) = sched.on_finished(other)
+    assert (empty.start, empty.end, tuple(empty.token_ids)) == (0, 0, ())
+    (again,) = sched.rescore("reward", [sid])
+    assert (again.start, again.end, again.final, list(again.token_ids)) == (0, 11, True, list(range(1, 12)))

@@ -11,18 +11,13 @@ from array import array
 
 import pytest
 
-from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StreamingConfig
-from openrlhf_oppo.core import OverlapScheduler, StepStats
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig
+from openrlhf_oppo.core import StepStats
 from openrlhf_oppo.core.ledger import check_state
 
-
-def scheduler(B=1, delta=1, chunk=2, adaptive_c=False, delta_cfg=None, scorers=("reward",)):
-    cfg = OppoConfig(
-        delta=delta_cfg or DeltaConfig(enable=True, init=delta, min=0, max=max(delta, 1), adaptive=False),
-        chunk=ChunkConfig(size_tokens=chunk, adaptive=adaptive_c, candidates=(2, 4), trial_steps=1, period_steps=2),
-        streaming=StreamingConfig(enable=True),
-    )
-    return OverlapScheduler(cfg, batch_groups=B, samples_per_group=1, scorers=scorers)
+REWARD = ("reward",)
+# adaptive C: one trial step per candidate, a new round every 2 steps
+ADAPTIVE_C = ChunkConfig(size_tokens=2, adaptive=True, candidates=(2, 4), trial_steps=1, period_steps=2)
 
 
 def stats(reward=0.5):
@@ -36,8 +31,8 @@ def rejected(sched, frozen, exc, match, call):
     assert frozen(sched) == before, "a rejected call changed the scheduler"
 
 
-def test_a_batch_of_tokens_failing_half_way_records_none_and_a_resend_does_not_duplicate(frozen):
-    sched = scheduler()
+def test_a_batch_of_tokens_failing_half_way_records_none_and_a_resend_does_not_duplicate(make_scheduler, frozen):
+    sched = make_scheduler(delta=1, chunk=2, scorers=REWARD)
     a, b = (g.sample_ids[0] for g in sched.begin_step(0).admit)
     rejected(sched, frozen, ValueError, "unknown sample_id 99",
              lambda: sched.on_tokens_many([(a, array("i", [1, 2, 3]), None), (99, array("i", [4]), None)], 0))
@@ -48,8 +43,8 @@ def test_a_batch_of_tokens_failing_half_way_records_none_and_a_resend_does_not_d
     assert sched.held_tokens(a) == [1, 2, 3]
 
 
-def test_float_token_ids_and_a_missing_policy_version_are_refused(frozen):
-    sched = scheduler()
+def test_float_token_ids_and_a_missing_policy_version_are_refused(make_scheduler, frozen):
+    sched = make_scheduler(delta=1, chunk=2, scorers=REWARD)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     rejected(sched, frozen, TypeError, "token ids must be ints", lambda: sched.on_tokens(sid, [1.0, 2.0], None, 0))
     rejected(sched, frozen, TypeError, "token ids must be ints", lambda: sched.on_tokens(sid, [True], None, 0))
@@ -60,8 +55,8 @@ def test_float_token_ids_and_a_missing_policy_version_are_refused(frozen):
     rejected(sched, frozen, TypeError, "step must be an int", lambda: sched.begin_step(1.0))
 
 
-def test_a_batch_of_acknowledgements_failing_half_way_applies_none(frozen):
-    sched = scheduler(delta=0)
+def test_a_batch_of_acknowledgements_failing_half_way_applies_none(make_scheduler, frozen):
+    sched = make_scheduler(delta=0, chunk=2, scorers=REWARD)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     c1, c2 = sched.on_tokens(sid, [1, 2, 3, 4], None, 0)
     rejected(sched, frozen, ValueError, r"acknowledged \[0, 9\)",
@@ -72,8 +67,8 @@ def test_a_batch_of_acknowledgements_failing_half_way_applies_none(frozen):
     assert sched.take_batch() is not None
 
 
-def test_a_final_chunk_acknowledged_before_the_earlier_ones_is_refused_and_in_order_still_works(frozen):
-    sched = scheduler(delta=0)
+def test_a_final_chunk_acknowledged_before_the_earlier_ones_is_refused_and_in_order_still_works(make_scheduler, frozen):
+    sched = make_scheduler(delta=0, chunk=2, scorers=REWARD)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     c1, c2 = sched.on_tokens(sid, [1, 2, 3, 4], None, 0)
     (final,) = sched.on_finished(sid)
@@ -85,8 +80,9 @@ def test_a_final_chunk_acknowledged_before_the_earlier_ones_is_refused_and_in_or
     assert sched.take_batch() is not None
 
 
-def test_end_step_with_bad_stats_changes_nothing_and_a_retry_counts_deferrals_once(frozen):
-    sched = scheduler(adaptive_c=True)  # adaptive C: a double update used to raise KeyError
+def test_end_step_with_bad_stats_changes_nothing_and_a_retry_counts_deferrals_once(make_scheduler, frozen):
+    # adaptive C: a double update used to raise KeyError
+    sched = make_scheduler(delta=1, chunk=ADAPTIVE_C, scorers=REWARD)
     plan = sched.begin_step(0)
     fast, carried = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
     sched.on_tokens(carried, [1], None, 0)
@@ -102,8 +98,8 @@ def test_end_step_with_bad_stats_changes_nothing_and_a_retry_counts_deferrals_on
     rejected(sched, frozen, RuntimeError, "without begin_step", lambda: sched.end_step(stats()))
 
 
-def test_step_protocol_misuse_changes_nothing(frozen):
-    sched = scheduler()
+def test_step_protocol_misuse_changes_nothing(make_scheduler, frozen):
+    sched = make_scheduler(delta=1, chunk=2, scorers=REWARD)
     rejected(sched, frozen, RuntimeError, "begin_step first", sched.take_batch)
     sid = sched.begin_step(0).admit[0].sample_ids[0]
     rejected(sched, frozen, RuntimeError, "call end_step first", lambda: sched.begin_step(1))
@@ -114,8 +110,9 @@ def test_step_protocol_misuse_changes_nothing(frozen):
     rejected(sched, frozen, ValueError, "tokens after on_finished", lambda: sched.on_tokens(sid, [1], None, 0))
 
 
-def _carrying_checkpoint(**kw):
-    sched = scheduler(**kw)
+def _carrying_checkpoint(make_scheduler, **overrides):
+    """A checkpoint after step 0 of B=1, Δ=1: group 0 trained, group 1 carried with 3 tokens."""
+    sched = make_scheduler(**{"delta": 1, "chunk": 2, "scorers": REWARD, **overrides})
     plan = sched.begin_step(0)
     fast, carried = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
     for ch in sched.on_tokens(carried, [5, 6, 7], None, 0):
@@ -127,9 +124,9 @@ def _carrying_checkpoint(**kw):
     return carried, json.loads(json.dumps(sched.state_dict()))
 
 
-def test_tokens_between_load_and_begin_step_are_streamed_once_with_the_checkpoints_C():
-    carried, state = _carrying_checkpoint(chunk=2)
-    resumed = scheduler(chunk=3)  # the constructor's C differs from the checkpoint's
+def test_tokens_between_load_and_begin_step_are_streamed_once_with_the_checkpoints_C(make_scheduler):
+    carried, state = _carrying_checkpoint(make_scheduler, chunk=2)
+    resumed = make_scheduler(delta=1, chunk=3, scorers=REWARD)  # the constructor's C differs from the checkpoint's
     resumed.load_state_dict(state)
     assert resumed.on_tokens(carried, [8, 9], None, 1) == []  # no chunk now: the restream sends everything
     assert resumed.on_finished(carried) == []
@@ -141,10 +138,10 @@ def test_tokens_between_load_and_begin_step_are_streamed_once_with_the_checkpoin
     assert [s.token_ids for g in batch.groups for s in g.samples if s.sample_id == carried] == [[5, 6, 7, 8, 9]]
 
 
-def test_resume_with_delta_disabled_clamps_the_checkpoints_delta_with_a_notice(caplog):
-    _, state = _carrying_checkpoint(delta=1)
+def test_resume_with_delta_disabled_clamps_the_checkpoints_delta_with_a_notice(make_scheduler, caplog):
+    _, state = _carrying_checkpoint(make_scheduler, delta=1)
     assert state["delta"]["value"] == 1
-    resumed = scheduler(delta_cfg=DeltaConfig(enable=False))
+    resumed = make_scheduler(delta=DeltaConfig(enable=False), chunk=2, scorers=REWARD)
     with caplog.at_level(logging.WARNING):
         resumed.load_state_dict(state)
     assert "Δ=1 becomes Δ=0 (--oppo.delta.enable is false)" in caplog.text
@@ -152,11 +149,10 @@ def test_resume_with_delta_disabled_clamps_the_checkpoints_delta_with_a_notice(c
     assert plan.delta == 0 and plan.admit == ()  # B=1 is taken by the carried group: it drains first
 
 
-def test_resume_with_new_chunk_candidates_starts_a_new_round(caplog):
-    _, state = _carrying_checkpoint(adaptive_c=True)
-    cfg = OppoConfig(chunk=ChunkConfig(size_tokens=8, adaptive=True, candidates=(8, 16), trial_steps=1, period_steps=2),
-                     delta=DeltaConfig(init=1, max=1))
-    resumed = OverlapScheduler(cfg, batch_groups=1, samples_per_group=1, scorers=("reward",))
+def test_resume_with_new_chunk_candidates_starts_a_new_round(make_scheduler, caplog):
+    _, state = _carrying_checkpoint(make_scheduler, chunk=ADAPTIVE_C)
+    new_c = ChunkConfig(size_tokens=8, adaptive=True, candidates=(8, 16), trial_steps=1, period_steps=2)
+    resumed = make_scheduler(delta=DeltaConfig(init=1, max=1), chunk=new_c, scorers=REWARD)
     with caplog.at_level(logging.WARNING):
         resumed.load_state_dict(state)
     assert "not all in --oppo.chunk.candidates [8, 16]" in caplog.text
@@ -175,18 +171,18 @@ def test_resume_with_new_chunk_candidates_starts_a_new_round(caplog):
         (lambda st: st.pop("totals"), "malformed"),
     ],
 )
-def test_a_malformed_checkpoint_is_refused_and_leaves_the_scheduler_fresh(frozen, edit, match):
-    _, state = _carrying_checkpoint()
+def test_a_malformed_checkpoint_is_refused_and_leaves_the_scheduler_fresh(make_scheduler, frozen, edit, match):
+    _, state = _carrying_checkpoint(make_scheduler)
     edit(state)
-    fresh = scheduler()
+    fresh = make_scheduler(delta=1, chunk=2, scorers=REWARD)
     rejected(fresh, frozen, ValueError, match, lambda: fresh.load_state_dict(state))
 
 
-def test_the_checkpoints_ledger_lists_every_trained_group_once():
-    carried, state = _carrying_checkpoint()
+def test_the_checkpoints_ledger_lists_every_trained_group_once(make_scheduler):
+    carried, state = _carrying_checkpoint(make_scheduler)
     assert state["ledger"] == [0, 0, 0, 0, 0]  # group 0 at prompt 0, admitted and trained at step 0, not deferred
     assert check_state(state) == []
-    resumed = scheduler()
+    resumed = make_scheduler(delta=1, chunk=2, scorers=REWARD)
     resumed.load_state_dict(state)
     resumed.on_scored_many("reward", resumed.begin_step(1).restream)
     for ch in resumed.on_finished(carried):
@@ -199,8 +195,8 @@ def test_the_checkpoints_ledger_lists_every_trained_group_once():
     assert check_state(resumed.state_dict()) == []
 
 
-def test_a_restarted_scorer_gets_every_held_token_again_and_completion_waits_for_it(frozen):
-    sched = scheduler(B=1, delta=1)
+def test_a_restarted_scorer_gets_every_held_token_again_and_completion_waits_for_it(make_scheduler, frozen):
+    sched = make_scheduler(batch_groups=1, delta=1, chunk=2, scorers=REWARD)
     plan = sched.begin_step(0)
     done, partial = plan.admit[0].sample_ids[0], plan.admit[1].sample_ids[0]
     sched.on_scored_many("reward", sched.on_tokens(done, [1, 2, 3], None, 0) + sched.on_finished(done))

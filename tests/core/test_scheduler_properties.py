@@ -4,8 +4,10 @@ A random driver plays engine and scorers: random batch size B, group size n,
 Δ bounds and rule (so Δ changes), chunk size, deferral limit, scorer set,
 response lengths, token deltas, finish order and scorer acknowledgement order,
 and may checkpoint and restore the scheduler between steps. It keeps its own
-record of everything it sent and checks every batch against it. Between any two
-events it may also send a bad call, which must be refused and change nothing.
+record of everything it sent and checks every batch, and every chunk's tokens,
+against it. At every step boundary a checkpoint loaded into a fresh scheduler must
+write the same checkpoint again. Between any two events it may also send a bad call,
+which must be refused and change nothing.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, StalenessConfig, StreamingConfig
-from openrlhf_oppo.core import ChunkReady, OverlapScheduler, StepStats
+from openrlhf_oppo.config import ChunkConfig, DeltaConfig
+from openrlhf_oppo.core import ChunkReady, StepStats
 
 
 @st.composite
@@ -39,7 +41,7 @@ def setups(draw):
             dec=draw(st.integers(0, 2)),
             rule=draw(st.sampled_from(["eq4", "alg1"])),
         ),
-        chunk=draw(st.integers(1, 6)),
+        chunk=draw(st.integers(1, 6) | adaptive_chunks()),
         stream=draw(st.booleans()),
         scorers=draw(st.sampled_from([(), ("reward",), ("reward", "reference")])),
         max_deferral=draw(st.integers(1, 3)),
@@ -48,11 +50,26 @@ def setups(draw):
     )
 
 
+@st.composite
+def adaptive_chunks(draw):
+    """Adaptive C: a round of trials over random candidates, trials that may see no token."""
+    candidates = tuple(draw(st.lists(st.integers(1, 12), min_size=1, max_size=3, unique=True)))
+    trial_steps = draw(st.integers(1, 2))
+    return ChunkConfig(
+        size_tokens=draw(st.integers(1, 12)),
+        adaptive=True,
+        candidates=candidates,
+        trial_steps=trial_steps,
+        period_steps=len(candidates) * trial_steps + draw(st.integers(0, 2)),
+    )
+
+
 class Driver:
     """Engine + scorers + bookkeeping of what was sent."""
 
-    def __init__(self, setup, data, freeze=None):
+    def __init__(self, setup, data, make_scheduler, freeze=None):
         self.setup = setup
+        self.make_scheduler = make_scheduler
         self.data = data
         self.freeze = freeze  # set: inject bad calls
         self.sched = self._new_scheduler()
@@ -68,22 +85,21 @@ class Driver:
         self.admitted: dict[int, tuple[int, ...]] = {}  # group -> sample ids
         self.trained: list[int] = []
         self.next_token = 0
+        self.step_tokens = 0  # generated in the step under way: what StepStats reports
 
     def _new_scheduler(self):
         s = self.setup
-        cfg = OppoConfig(
-            delta=s["delta"],
-            chunk=ChunkConfig(size_tokens=s["chunk"]),
-            staleness=StalenessConfig(max_deferral_steps=s["max_deferral"]),
-            streaming=StreamingConfig(enable=s["stream"]),
+        return self.make_scheduler(
+            s["B"], s["n"], s["scorers"], delta=s["delta"], chunk=s["chunk"], stream=s["stream"],
+            max_deferral=s["max_deferral"],
         )
-        return OverlapScheduler(cfg, batch_groups=s["B"], samples_per_group=s["n"], scorers=s["scorers"])
 
     def route(self, chunks, c_now):
         for ch in chunks:
             # chunks tile the response: contiguous, full-size unless final
             assert ch.start == self.chunk_ends.get(ch.sample_id, 0)
             assert ch.final or ch.end - ch.start == c_now
+            assert list(ch.token_ids) == self.sent_tokens[ch.sample_id][ch.start : ch.end], "a chunk's tokens"
             self.chunk_ends[ch.sample_id] = ch.end
             for name in self.setup["scorers"]:
                 self.pending[name].append(ch)
@@ -93,6 +109,7 @@ class Driver:
         k = self.data.draw(st.integers(0, min(left, 7)))
         toks = list(range(self.next_token, self.next_token + k))
         self.next_token += k
+        self.step_tokens += k
         lps = [-(t % 5) / 10 for t in toks]
         self.sent_tokens[sid] += toks
         self.sent_logprobs[sid] += lps
@@ -116,6 +133,7 @@ class Driver:
     def run_step(self, step):
         sched, setup = self.sched, self.setup
         plan = sched.begin_step(step)
+        self.step_tokens = 0
         assert setup["delta"].min <= plan.delta <= setup["delta"].max
         assert len(plan.carried) + len(plan.admit) >= setup["B"]
         for ch in plan.restream:
@@ -161,7 +179,8 @@ class Driver:
                 self.finish(sid, plan.chunk_size_tokens)
         self.check_batch(batch, plan, step)
         self.maybe_bad_call(step, [], batch_taken=True)
-        report = sched.end_step(StepStats(mean_reward=self.data.draw(st.floats(-1, 1)), generated_tokens=1, generation_time_s=1.0))
+        seconds = self.data.draw(st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+        report = sched.end_step(StepStats(self.data.draw(st.floats(-1, 1)), self.step_tokens, seconds))
         assert setup["delta"].min <= report.next_delta <= setup["delta"].max
         carried_tokens = sum(len(self.sent_tokens[sid]) for gid in report.carried_groups for sid in self.admitted[gid])
         assert report.carried_tokens == carried_tokens
@@ -186,7 +205,7 @@ class Driver:
                 lambda: sched.on_finished(live[-1], "eos"),
                 lambda: sched.on_tokens(live[-1], [0.5], None, step),
             ]
-        version = sched._samples[live[-1]].version if live else None
+        version = sched._flight.samples[live[-1]].version if live else None
         if version:  # the sample's tokens so far came from this version: an older one is refused
             bad.append(lambda: sched.on_tokens(live[-1], [1], None, version - 1))
         if finished:
@@ -202,9 +221,12 @@ class Driver:
                     bad.append(lambda name=name, ch=later[0]: sched.on_scored_many(name, [ch]))
             if live:
                 bad.append(lambda name=name: sched.on_scored(live[0], name, 0, final=True))
-        bad.append(lambda: sched.on_scored(next(iter(sched._samples), 0), "no-such-scorer", 0))
+        bad.append(lambda: sched.on_scored(next(iter(sched._flight.samples), 0), "no-such-scorer", 0))
         if batch_taken:
-            bad += [lambda: sched.end_step(StepStats(math.nan, 1, 1.0)), lambda: sched.end_step(StepStats(0.0, -5, 1.0))]
+            bad += [
+                lambda: sched.end_step(StepStats(math.nan, 1, 1.0)),
+                lambda: sched.end_step(StepStats(0.0, -5, 1.0)),
+            ]
         elif sched._batch is None:
             bad.append(lambda: sched.end_step(StepStats(0.0, 1, 1.0)))
         call = self.data.draw(st.sampled_from(bad))
@@ -233,10 +255,18 @@ class Driver:
                 assert s.token_versions == self.sent_versions[sid]
         self.trained += gids
 
+    def check_round_trip(self):
+        """A checkpoint loaded into a fresh scheduler writes the same checkpoint again."""
+        state = self.sched.state_dict()
+        fresh = self._new_scheduler()
+        fresh.load_state_dict(json.loads(json.dumps(state)))
+        assert fresh.state_dict() == state, "a loaded checkpoint wrote a different checkpoint"
+
     def checkpoint_restore(self):
         state = json.loads(json.dumps(self.sched.state_dict()))
         self.sched = self._new_scheduler()
         self.sched.load_state_dict(state)
+        assert self.sched.state_dict() == state
         # fresh scorers: caches and un-acked chunks are gone; restream resends
         for name in self.pending:
             self.pending[name].clear()
@@ -248,21 +278,22 @@ class Driver:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=setups(), data=st.data())
-def test_invariants_hold_on_random_event_streams(setup, data):
-    d = Driver(setup, data)
+def test_invariants_hold_on_random_event_streams(setup, data, make_scheduler):
+    d = Driver(setup, data, make_scheduler)
     _run(d, setup, data)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=setups(), data=st.data())
-def test_a_bad_call_anywhere_is_refused_and_changes_nothing(setup, data, frozen):
-    d = Driver(setup, data, freeze=frozen)
+def test_a_bad_call_anywhere_is_refused_and_changes_nothing(setup, data, frozen, make_scheduler):
+    d = Driver(setup, data, make_scheduler, freeze=frozen)
     _run(d, setup, data)
 
 
 def _run(d, setup, data):
     for step in range(setup["steps"]):
         d.run_step(step)
+        d.check_round_trip()
         if setup["checkpoint"] and data.draw(st.booleans()):
             d.checkpoint_restore()
     # every admitted group trained exactly once, or still held
@@ -284,9 +315,8 @@ def _run(d, setup, data):
     scorers=st.sampled_from([(), ("reward",), ("reward", "reference")]),
     data=st.data(),
 )
-def test_delta_zero_and_no_streaming_is_exactly_synchronous_ppo(B, n, scorers, data):
-    cfg = OppoConfig(delta=DeltaConfig(enable=False), streaming=StreamingConfig(enable=False))
-    sched = OverlapScheduler(cfg, batch_groups=B, samples_per_group=n, scorers=scorers)
+def test_delta_zero_and_no_streaming_is_exactly_synchronous_ppo(B, n, scorers, data, make_scheduler):
+    sched = make_scheduler(B, n, scorers, delta=DeltaConfig(enable=False), chunk=ChunkConfig(), stream=False)
     for step in range(3):
         plan = sched.begin_step(step)
         assert plan.delta == 0 and plan.carried == () and plan.must_finish == ()
