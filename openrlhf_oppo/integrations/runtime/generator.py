@@ -16,14 +16,12 @@ decision:
               kept unless --oppo.staleness.keep_kv_cache false)
               and bumps the policy version their next tokens are stamped with
 
-The generator only orchestrates. Its collaborators are handed in (`trainer.build_samples_generator`
-builds them): the `EnginePool` (placement, starts, polls, aborts), the `RewardDispatcher`
-(chunks to the reward actors, in-order acks, restarts), the `StepMeter` (`oppo/*` metrics);
-`openrlhf_executor` holds what mirrors OpenRLHF's executor.
-
-Per-token policy versions (and rollout logprobs, when an importance-sampling
-correction uses them) are recorded; OpenRLHF recomputes
-old logprobs, reference logprobs and values on the full sequences at training time.
+The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators:
+the `EnginePool` (placement, starts, polls, aborts), the `RewardDispatcher` (chunks to the
+reward actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics);
+`openrlhf_executor` holds what mirrors OpenRLHF's executor. Per-token policy versions (and
+rollout logprobs, when an importance-sampling correction uses them) are recorded; OpenRLHF
+recomputes old logprobs, reference logprobs and values on the full sequences at training time.
 """
 
 from __future__ import annotations
