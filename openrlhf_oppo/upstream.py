@@ -46,10 +46,10 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     # OPPO's classes are subclasses of OpenRLHF's
     _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer", "subclassed", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ppo_utils.samples_generator.SamplesGenerator", "subclassed", "integrations.runtime.generator"),
-    _T("openrlhf.trainer.ppo_utils.samples_generator._collect_prompt_batch", "called", "integrations.runtime.generator"),
+    _T("openrlhf.trainer.ppo_utils.samples_generator._collect_prompt_batch", "called", "integrations.runtime.prompt_stream"),
     _T("openrlhf.trainer.ray.launcher.BaseModelActor", "subclassed", "integrations.runtime.scorer"),
     _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.pause_generation", "subclassed", "integrations.runtime.rollout"),
-    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.resume_generation", "called", "integrations.runtime.generator"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.resume_generation", "called", "integrations.runtime.engine_pool"),
     # rule-based / remote rewards, scored in the engine with OpenRLHF's own executor
     _T("openrlhf.utils.agent.SingleTurnAgentExecutor._fetch_rewards_via_func", "called", "integrations.runtime.rollout"),
     _T("openrlhf.utils.agent.SingleTurnAgentExecutor._fetch_rewards_via_http", "called", "integrations.runtime.rollout"),

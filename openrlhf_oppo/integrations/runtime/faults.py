@@ -13,6 +13,9 @@ import random
 import signal
 
 from openrlhf_oppo import run_env
+from openrlhf_oppo.integrations.runtime.log import get_logger
+
+logger = get_logger(__name__)
 
 KINDS = ("reward", "rollout", "driver", "abort")
 
@@ -40,10 +43,10 @@ def due(kind: str, step: int, calls: int | None = None) -> bool:
         return False
     with open(record, "a") as fh:
         fh.write(tag + "\n")
-    print(f"OPPO fault injection: {tag}", flush=True)
+    logger.warning("OPPO fault injection: %s", tag)
     return True
 
 
 def kill_this_process(what: str) -> None:
-    print(f"OPPO fault injection: killing {what} (pid {os.getpid()})", flush=True)
+    logger.warning("OPPO fault injection: killing %s (pid %d)", what, os.getpid())
     os.kill(os.getpid(), signal.SIGKILL)

@@ -24,8 +24,10 @@ import ray
 from openrlhf.trainer.ray.launcher import BaseModelActor
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.integrations.runtime.log import get_logger
+from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS, config_from_env
 
-SCORER_RESTARTS = 3  # Ray restarts a dead reward actor this often (the generator then reloads its model)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class StreamingRewardActor:
         else:
             auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host)
             kv_budget_tokens, how = auto.tokens, f"auto: {auto.how}"
-        print(f"OPPO streaming reward actor: KV budget {kv_budget_tokens:,} tokens ({how})", flush=True)
+        logger.info("OPPO streaming reward actor: KV budget %s tokens (%s)", f"{kv_budget_tokens:,}", how)
         self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens, pooling=pooling)
 
     def open_many(self, prompts: dict[int, list[int]]) -> None:
@@ -102,8 +104,6 @@ class StreamingRewardModelActor(BaseModelActor):
     def init_model_from_pretrained(self, strategy, pretrain: str) -> None:
         import torch
 
-        from openrlhf_oppo.integrations.runtime.generator import config_from_env
-
         args, oppo = strategy.args, config_from_env()
         if not isinstance(pretrain, str) or "," in pretrain:
             raise ValueError(f"--reward.model_name_or_path: OPPO streams into one reward model, got {pretrain!r}")
@@ -120,8 +120,9 @@ class StreamingRewardModelActor(BaseModelActor):
             pooling=oppo.streaming.reward_pooling,
         )
         ctx = ray.get_runtime_context()  # where OpenRLHF placed it: its reward group's placement
-        placement = {"placement_group": ctx.get_placement_group_id(), "gpus": ctx.get_assigned_resources().get("GPU", 0)}
-        print(f"OPPO streaming reward actor: loaded {pretrain} ({self.streaming.loaded}, {placement})", flush=True)
+        placement = {"placement_group": ctx.get_placement_group_id(),
+                     "gpus": ctx.get_assigned_resources().get("GPU", 0)}
+        logger.info("OPPO streaming reward actor: loaded %s (%s, %s)", pretrain, self.streaming.loaded, placement)
         timeline.RECORDER.span("reward", "load", t0, time.time(), **self.streaming.loaded, **placement)
 
     def empty_cache(self) -> None:
@@ -137,5 +138,5 @@ class StreamingRewardModelActor(BaseModelActor):
         return self.streaming.process(extends, finishes)
 
 
-# a dead actor is restarted by Ray in its place (its bundle); the generator reloads its model
+# a dead actor is restarted by Ray in its place (its bundle); the reward dispatcher reloads its model
 StreamingRewardModelRayActor = ray.remote(num_gpus=1, max_restarts=SCORER_RESTARTS)(StreamingRewardModelActor)

@@ -1,12 +1,15 @@
-"""OPPO's per-step trace (OPPO_TRACE_JSONL): one JSON line per step with what was
-admitted, trained (tokens, per-token policy versions, rewards) and carried. For small
-runs: `openrlhf-oppo train` writes it and the tests read it."""
+"""OPPO's per-step records: the trace (OPPO_TRACE_JSONL), one JSON line per step with what
+was admitted, trained (tokens, per-token policy versions, rewards) and carried, for small
+runs (`openrlhf-oppo train` writes it and the tests read it); and the ledger
+(OPPO_LEDGER_JSONL, `core.ledger`) of every group admitted, trained and held, across restarts."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from openrlhf_oppo.core import OverlapScheduler, TrainBatch
+from openrlhf_oppo import run_env
+from openrlhf_oppo.core import OverlapScheduler, TrainBatch, ledger
 
 
 def write_trace(path: str, scheduler: OverlapScheduler, batch: TrainBatch, report,
@@ -45,3 +48,19 @@ def write_trace(path: str, scheduler: OverlapScheduler, batch: TrainBatch, repor
     }
     with open(path, "a") as fh:
         fh.write(json.dumps(row) + "\n")
+
+
+class RunLedger:
+    """The ledger's events as the samples generator writes them; nothing when OPPO_LEDGER_JSONL is unset."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path if path is not None else run_env.path(run_env.LEDGER_JSONL)
+        self.started = False  # the run's (re)start is recorded once per process, before its first step
+
+    def start(self, last_step: int, held: list[int], next_group_id: int, per_pass: int) -> None:
+        self.event("start", last_step=last_step, held=held, next_group_id=next_group_id, per_pass=per_pass)
+        self.started = True
+
+    def event(self, event: str, **fields: Any) -> None:
+        if self.path:
+            ledger.append_event(self.path, {"event": event, **fields})

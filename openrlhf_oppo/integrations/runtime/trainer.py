@@ -24,7 +24,7 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
 
 (Ray copies an actor class's methods when it wraps it, so patching
 `BasePPOTrainer` in place would not reach the running trainer; a subclass does.)
-`tests/integrations/test_oppo_touch_points.py` fails if upstream moves these; every
+`tests/integrations/runtime/test_oppo_touch_points.py` fails if upstream moves these; every
 OpenRLHF symbol OPPO relies on is listed in `touch_points.TOUCH_POINTS`.
 """
 
@@ -38,18 +38,42 @@ from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import run_env
+from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime import faults, guards
+from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
+from openrlhf_oppo.integrations.runtime.reward_dispatch import REWARD, RewardDispatcher
 from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
+from openrlhf_oppo.integrations.runtime.run_config import config_from_env, reward_mode
 from openrlhf_oppo.integrations.runtime.scorer import StreamingRewardModelRayActor
+from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 STATE_KEY = "oppo_generator"
 
-
-
 class StopRequested(RuntimeError):
     """The launcher was asked to stop (SIGTERM/SIGINT): the step ended and a checkpoint was written."""
+
+
+def build_samples_generator(base, reward_group) -> OppoSamplesGenerator:
+    """OPPO's generator in place of OpenRLHF's `base` (which only holds references, nothing
+    started), with its collaborators. `reward_group`: OpenRLHF's reward group, made of
+    `StreamingRewardModelActor`s when OPPO streams rewards (`patch_driver`)."""
+    args, oppo = base.strategy.args, config_from_env()
+    streaming = reward_mode(args, oppo) == "stream"
+    # a reward actor that dies is restarted by Ray; its held samples are re-prefilled (`RewardDispatcher`)
+    actors = list(reward_group._actor_handlers) if streaming and reward_group is not None else []
+    if streaming and not actors:
+        raise RuntimeError("OPPO streams rewards but OpenRLHF built no reward group (see oppo_trainer.patch_driver)")
+    scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
+                                 samples_per_group=args.rollout.n_samples_per_prompt,
+                                 scorers=(REWARD,) if streaming else ())
+    meter = StepMeter(scorers=len(actors))
+    return OppoSamplesGenerator(
+        base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines,
+        oppo=oppo, scheduler=scheduler, engines=EnginePool(base.vllm_engines), meter=meter,
+        rewards=RewardDispatcher(actors, scheduler, meter, base.strategy, args.reward.model_name_or_path),
+    )
 
 
 _BASE = unwrap_ray_actor(_ppo_trainer.PPOTrainer)
@@ -58,12 +82,7 @@ _BASE = unwrap_ray_actor(_ppo_trainer.PPOTrainer)
 class OppoPPOTrainerImpl(_BASE):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        base = self.samples_generator  # OpenRLHF's; it only holds references, nothing started
-        reward_group = self.reward_model_group  # streaming reward actors when OPPO streams (patch_driver)
-        self.samples_generator = OppoSamplesGenerator(
-            base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines,
-            reward_group._actor_handlers if reward_group is not None else (),
-        )
+        self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group)
         make_experience_batch = self.experience_maker.make_experience_batch
 
         def checked_experience_batch(rollout_samples):

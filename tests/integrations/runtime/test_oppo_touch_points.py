@@ -150,7 +150,7 @@ def _prompt_loader(seed: int):
 
 
 def test_prompt_stream_draws_openrlhfs_prompt_order_and_resumes_from_the_dataloader_state():
-    from openrlhf_oppo.integrations.runtime.generator import PromptStream
+    from openrlhf_oppo.integrations.runtime.prompt_stream import PromptStream
 
     stream = PromptStream(_prompt_loader(42))
     drawn = [stream.next() for _ in range(12)]

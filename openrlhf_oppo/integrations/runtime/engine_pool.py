@@ -1,0 +1,141 @@
+"""OpenRLHF's rollout engines (`OppoRolloutActor`s) as one pool: where each group decodes,
+starting and resuming its samples, polling their deltas, aborted requests, the pause
+around a weight sync, and the engine-side fault injection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from openrlhf_oppo import timeline
+from openrlhf_oppo.integrations.runtime import faults
+from openrlhf_oppo.integrations.runtime.log import get_logger
+from openrlhf_oppo.integrations.runtime.ray_calls import RayCalls
+from openrlhf_oppo.integrations.runtime.rollout import SampleDelta, SampleRequest
+
+logger = get_logger(__name__)
+
+POLL_S = 1.0  # an engine answers `next_outputs` when it has a chunk or a finished sample, or after this long
+ABORT_RETRIES = 3  # an engine aborting one sample more often than this fails the step
+
+
+class EnginePool:
+    """A group stays on one engine (as OpenRLHF places a prompt's n samples); one
+    `next_outputs` call per engine is in flight at a time, and it outlives a step."""
+
+    def __init__(self, engines: list, calls: RayCalls | None = None) -> None:
+        self.engines = list(engines)
+        self.calls = calls if calls is not None else RayCalls()
+        self.engine_of: dict[int, int] = {}  # group id -> engine decoding its samples
+        self.polls: dict[int, Any] = {}  # engine index -> its `next_outputs` call in flight
+        self.aborts: dict[int, int] = {}  # sample id -> times its engine aborted it (restarted from its tokens)
+        self.step = 0  # the step under way (fault injection, error messages)
+        self.aborted_this_step = 0  # aborted requests restarted this step
+        self.replies_this_step = 0  # engine replies this step (crash injection counts them)
+        self.paused = False  # paused for the weight sync under way
+
+    def set_reward_tokenizer(self, tokenizer) -> None:
+        """With `--reward.remote_url` the engines decode the query text as OpenRLHF's executor does."""
+        self.calls.get([e.set_reward_tokenizer.remote(tokenizer) for e in self.engines])
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.aborted_this_step = self.replies_this_step = 0
+
+    # ------------------------------------------------------------------ placement and starts
+
+    def place(self, group_id: int) -> int:
+        """Put a whole group on the engine decoding the fewest groups (the lowest index on a tie)."""
+        load = [0] * len(self.engines)
+        for idx in self.engine_of.values():
+            load[idx] += 1
+        idx = self.engine_of[group_id] = min(range(len(load)), key=load.__getitem__)
+        return idx
+
+    def release(self, group_id: int, sample_ids: list[int]) -> None:
+        """A trained group: nothing of it decodes again."""
+        self.engine_of.pop(group_id, None)
+        for sid in sample_ids:
+            self.aborts.pop(sid, None)
+
+    def start(self, requests: list[tuple[int, SampleRequest]], params) -> None:
+        """Start (group id, request) pairs on their groups' engines, one call per engine."""
+        per_engine: dict[int, list[SampleRequest]] = {}
+        for gid, req in requests:
+            per_engine.setdefault(self.engine_of[gid], []).append(req)
+        if per_engine:
+            self.calls.get([self.engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
+
+    def restart_aborted(self, aborted: list[tuple[SampleDelta, int, SampleRequest]], params) -> None:
+        """An aborted request (an engine-side failure) decodes on from the tokens it had, on
+        its group's engine; a sample aborted `ABORT_RETRIES` times fails the step.
+        `aborted`: (its last delta, group id, the request resuming it)."""
+        per_engine: dict[int, list[SampleRequest]] = {}
+        for d, gid, req in aborted:
+            sid = d.sample_id
+            self.aborts[sid] = self.aborts.get(sid, 0) + 1
+            if self.aborts[sid] > ABORT_RETRIES:
+                raise RuntimeError(f"OPPO step {self.step}: sample {sid} was aborted by its engine "
+                                   f"{self.aborts[sid]} times; last error: {d.error}")
+            per_engine.setdefault(self.engine_of[gid], []).append(req)
+            logger.warning("OPPO: sample %d aborted by its engine (%s); decoding on from its %d tokens",
+                           sid, d.error, len(req.held_ids))
+        self.aborted_this_step += len(aborted)
+        if per_engine:
+            self.calls.get([self.engines[i].start_samples.remote(reqs, params) for i, reqs in per_engine.items()])
+
+    # ------------------------------------------------------------------ polling
+
+    def poll(self, wake_tokens: int, also: list = ()) -> list[SampleDelta]:
+        """Sleep until an engine has output or one of `also` (reward calls) is done, whichever
+        is first; the deltas of every engine that answered, engine by engine."""
+        for idx, engine in enumerate(self.engines):
+            if idx not in self.polls:
+                self.polls[idx] = engine.next_outputs.remote(POLL_S, wake_tokens)
+        self.calls.wait_any([*self.polls.values(), *also])
+        done = set(self.calls.ready(list(self.polls.values())))
+        deltas: list[SampleDelta] = []
+        for idx, ref in list(self.polls.items()):
+            if ref in done:
+                del self.polls[idx]
+                deltas += self._reply(idx, ref)
+        return deltas
+
+    def _reply(self, idx: int, ref) -> list[SampleDelta]:
+        """An engine's `next_outputs`. A dead engine stops the run: a new one would hold the
+        initial weights and no weight-sync group, so the run resumes from its last checkpoint
+        instead (`--ckpt.load_enable`; `openrlhf-oppo train --restarts N` relaunches it),
+        where the samples carried at that checkpoint decode on from their recorded tokens."""
+        try:
+            outputs = self.calls.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(
+                f"OPPO: rollout engine {idx} died in step {self.step} ({type(exc).__name__}). Resume from the last "
+                f"checkpoint with --ckpt.load_enable (openrlhf-oppo train --restarts N does it): carried samples "
+                f"decode on from their recorded tokens"
+            ) from exc
+        self.replies_this_step += 1
+        if faults.due("rollout", self.step, self.replies_this_step):
+            self.calls.kill(self.engines[idx], no_restart=True)
+        if faults.due("abort", self.step, self.replies_this_step):
+            logger.warning("OPPO fault injection: engine %d aborted sample %s", idx,
+                           self.calls.get(self.engines[idx].abort_one.remote()))
+        return outputs
+
+    # ------------------------------------------------------------------ around a weight sync
+
+    def pause(self, keep_kv_cache: bool) -> None:
+        """Pause decoding, requests kept (and their KV cache with `keep_kv_cache`)."""
+        self.paused = True
+        with timeline.RECORDER.timed("driver", "pause"):
+            self.calls.get([e.pause_generation.remote(keep_kv_cache) for e in self.engines])
+
+    def resume(self, policy_version: int) -> None:
+        """Tokens from here on are `policy_version`'s; decoding resumes if it was paused."""
+        self.calls.get([e.set_policy_version.remote(policy_version) for e in self.engines])
+        if self.paused:
+            with timeline.RECORDER.timed("driver", "resume"):
+                # OpenRLHF's `RolloutRayActor.resume_generation`
+                self.calls.get([e.resume_generation.remote() for e in self.engines])
+            self.paused = False

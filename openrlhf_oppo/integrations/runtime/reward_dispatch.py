@@ -1,0 +1,191 @@
+"""Chunks to the streaming reward actors, their acknowledgements back to the scheduler in
+order, and a dead actor's restart and re-scoring (docs/design.md, "Streaming rewards")."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from openrlhf_oppo.core import ChunkReady, OverlapScheduler
+from openrlhf_oppo.integrations.runtime import faults
+from openrlhf_oppo.integrations.runtime.log import get_logger
+from openrlhf_oppo.integrations.runtime.ray_calls import RayCalls
+from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS
+from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+
+logger = get_logger(__name__)
+
+REWARD = "reward"  # the scheduler's name for the streaming reward scorer
+SCORER_RESTART_TIMEOUT_S = 300.0  # a restarted reward actor reloads its model
+
+
+@dataclass(frozen=True)
+class RewardCall:
+    """One `process` call in flight on a reward actor."""
+
+    ref: Any  # its Ray object ref
+    actor: int  # index of the actor in the reward group
+    chunks: list[ChunkReady]  # what it acknowledges to the scheduler once it returns
+    ahead: dict[int, int]  # sample id -> tokens prefilled ahead of the sample's final chunk
+
+
+class RewardDispatcher:
+    """Sticky routing: sample `sid` always goes to actor `sid % len(actors)`, whose calls
+    from this caller run in submission order, so a sample's chunks are prefilled in order.
+    With no actors (rewards not streamed) every method is a no-op."""
+
+    def __init__(self, actors: list, scheduler: OverlapScheduler, meter: StepMeter, strategy: Any,
+                 model_path: str | None, calls: RayCalls | None = None) -> None:
+        """`strategy`, `model_path`: what a restarted actor reloads its model with, as
+        OpenRLHF first loaded it (`init_model_from_pretrained`)."""
+        self.actors = list(actors)
+        self.scheduler = scheduler
+        self.meter = meter
+        self.strategy = strategy
+        self.model_path = model_path
+        self.calls = calls if calls is not None else RayCalls()
+        self.pending: list[RewardCall] = []  # in submission order
+        self.opening: dict[int, Any] = {}  # actor index -> its `open_many` call in flight
+        self.opened: dict[int, list[int]] = {}  # sample id -> prompt ids, for every sample open on an actor
+        self.scores: dict[int, float] = {}  # sample id -> streamed reward
+        self.step = 0  # the step under way (fault injection, error messages)
+        self.restarts_this_step = 0
+        self.calls_this_step = 0
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.restarts_this_step = self.calls_this_step = 0
+
+    def in_flight(self) -> list:
+        """Refs of the reward calls not yet acknowledged: the driver also wakes on them."""
+        return [call.ref for call in self.pending]
+
+    # ------------------------------------------------------------------ opening samples
+
+    def open(self, prompts: dict[int, list[int]]) -> None:
+        """Open samples (sample id -> prompt ids) on their actors; `confirm_opened` waits."""
+        if not self.actors:
+            return
+        per_actor: dict[int, dict[int, list[int]]] = {}
+        for sid, prompt_ids in prompts.items():
+            per_actor.setdefault(sid % len(self.actors), {})[sid] = prompt_ids
+        self.opened.update(prompts)
+        self.opening = {idx: self.actors[idx].open_many.remote(batch) for idx, batch in per_actor.items()}
+
+    def confirm_opened(self) -> None:
+        opening, self.opening = self.opening, {}
+        for idx, ref in opening.items():
+            try:
+                self.calls.get(ref)
+            except ray.exceptions.RayActorError:
+                pass  # it died: its next `process` call fails and `_restart` reopens what it held
+            except ray.exceptions.RayTaskError as exc:
+                raise RuntimeError(
+                    f"OPPO: reward actor {idx} could not open step {self.step}'s samples: {exc}") from exc
+
+    def forget(self, sample_ids: list[int]) -> None:
+        """Trained samples: nothing of them is needed again."""
+        for sid in sample_ids:
+            self.scores.pop(sid, None)
+            self.opened.pop(sid, None)
+
+    def forget_all(self) -> None:
+        """After a checkpoint load: the actors restart empty and every held sample is re-scored."""
+        self.scores = {}
+        self.opened = {}
+
+    # ------------------------------------------------------------------ chunks out, acks back
+
+    def dispatch(self, chunks: list[ChunkReady]) -> None:
+        """Send chunks to the reward actors, one call per actor. A chunk sent with its
+        sample's final one is prefilled with it: not overlapped."""
+        if not chunks:
+            return
+        work: dict[int, tuple[dict, dict, list]] = {}
+        for ch in chunks:
+            idx = ch.sample_id % len(self.actors)
+            extends, finishes, sent = work.setdefault(idx, ({}, {}, []))
+            toks = self._tokens(ch)
+            if ch.final:
+                # chunks of one sample arriving together are prefilled as one: same result
+                finishes[ch.sample_id] = extends.pop(ch.sample_id, []) + toks
+            else:
+                extends.setdefault(ch.sample_id, []).extend(toks)
+            sent.append(ch)
+        for idx, (extends, finishes, sent) in work.items():
+            self.meter.on_final_tokens(sum(map(len, finishes.values())))
+            ahead = {sid: len(toks) for sid, toks in extends.items()}
+            self.pending.append(RewardCall(self.actors[idx].process.remote(extends, finishes), idx, sent, ahead))
+            self.calls_this_step += 1
+            if faults.due("reward", self.step, self.calls_this_step):
+                self.calls.kill(self.actors[idx], no_restart=False)
+
+    def _tokens(self, chunk: ChunkReady) -> list[int]:
+        """The chunk's response tokens: the one place they are read back from the scheduler."""
+        return self.scheduler.response_tokens(chunk.sample_id, chunk.start, chunk.end)
+
+    def collect(self) -> None:
+        """Acknowledge finished reward calls, in submission order per actor: a sample's
+        chunks must be acknowledged in order (ray.wait reports readiness in any order)."""
+        if not self.pending:
+            return
+        ready = set(self.calls.ready(self.in_flight()))
+        blocked: set[int] = set()  # actors with an earlier call still running
+        died: set[int] = set()  # actors whose call failed: everything they held is sent again
+        still = []
+        for call in self.pending:
+            if call.actor in died:
+                continue
+            if call.ref in ready and call.actor not in blocked:
+                try:
+                    reply = self.calls.get(call.ref)
+                except ray.exceptions.RayActorError as exc:
+                    died.add(call.actor)
+                    logger.warning("OPPO: reward actor %d died in step %d (%s)", call.actor, self.step,
+                                   type(exc).__name__)
+                    continue
+                self.scores.update(reply.scores)
+                self.meter.on_reward_reply(call.actor, reply, call.ahead)
+                self.scheduler.on_scored_many(REWARD, call.chunks)
+            else:
+                blocked.add(call.actor)
+                still.append(call)
+        self.pending = [call for call in still if call.actor not in died]
+        for idx in died:
+            self._restart(idx)
+
+    # ------------------------------------------------------------------ a dead actor
+
+    def _restart(self, idx: int) -> None:
+        """Ray restarts a dead reward actor empty (its constructor only): reload its model as
+        OpenRLHF first loaded it, reopen its held samples and re-send every token the
+        scheduler recorded for them; their scores are computed anew."""
+        self.restarts_this_step += 1
+        if self.restarts_this_step > SCORER_RESTARTS:
+            raise RuntimeError(f"OPPO: reward actor {idx} died {self.restarts_this_step} times in step {self.step}; "
+                               f"giving up")
+        sched = self.scheduler
+        held = [sid for gid in sched.in_flight_groups for sid in sched.group_sample_ids(gid)
+                if sid % len(self.actors) == idx]
+        opens = {sid: self.opened[sid] for sid in held}
+        deadline = time.time() + SCORER_RESTART_TIMEOUT_S
+        actor = self.actors[idx]
+        while True:  # calls made while Ray restarts the actor fail with ActorUnavailableError: wait for it
+            try:
+                self.calls.get(actor.init_model_from_pretrained.remote(self.strategy, self.model_path))
+                self.calls.get(actor.open_many.remote(opens))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"OPPO: reward actor {idx} did not come back within "
+                                       f"{SCORER_RESTART_TIMEOUT_S:.0f}s of its death in step {self.step}") from None
+                time.sleep(0.5)
+        for sid in held:
+            self.scores.pop(sid, None)
+        chunks = sched.rescore(REWARD, held)
+        logger.warning("OPPO: reward actor %d restarted; re-prefilling %d held samples (%d tokens) "
+                       "from their recorded tokens", idx, len(held), sum(c.end for c in chunks))
+        self.dispatch(chunks)

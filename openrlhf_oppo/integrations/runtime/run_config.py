@@ -1,0 +1,33 @@
+"""OPPO's settings as the Ray-side processes read them: the config the launcher put in the
+environment, how a sample gets its reward, and how often a reward actor may die.
+
+Read by the samples generator, the reward dispatcher and the streaming reward actors;
+it imports none of them (so none of them imports another for a setting).
+"""
+
+from __future__ import annotations
+
+import json
+
+from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo import run_env
+
+SCORER_RESTARTS = 3  # Ray restarts a dead reward actor this often (the reward dispatcher then reloads its model)
+
+
+def config_from_env() -> oppo_config.OppoConfig:
+    raw = run_env.config_json()
+    if raw is None:
+        raise RuntimeError(
+            f"{run_env.CONFIG_JSON} is not set: launch OPPO with `python -m openrlhf_oppo.cli.train_ppo_ray`")
+    return oppo_config.from_dict(json.loads(raw))
+
+
+def reward_mode(args, oppo: oppo_config.OppoConfig) -> str:
+    """How OPPO gets a sample's reward: "rule" (`--reward.remote_url`, a `.py` reward function
+    or an HTTP endpoint: the engine scores each sample the moment it finishes, through
+    OpenRLHF's own executor; nothing to prefill), "stream" (chunks prefilled by the reward
+    model while the actor decodes) or "batch" (OpenRLHF's reward forward on the batch)."""
+    if args.reward.remote_url:
+        return "rule"
+    return "stream" if oppo.streaming.enable and oppo.streaming.reward else "batch"

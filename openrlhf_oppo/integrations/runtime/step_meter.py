@@ -1,0 +1,110 @@
+"""Per-step measurements of an OPPO step: timings, tokens, the reward actors' busy time
+and KV use, and how much of the reward prefill overlapped decoding (`oppo/*` metrics)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tqdm import tqdm
+
+from openrlhf_oppo.core import StepReport
+
+
+class StepMeter:
+    """Fed by the generator (step boundaries, finished samples) and by the reward
+    dispatcher (every acknowledged reward call); read once per step by `metrics`."""
+
+    def __init__(self, scorers: int, clock: Callable[[], float] = time.time, show_progress: bool = True) -> None:
+        """`scorers`: streaming reward actors (0: rewards are not streamed)."""
+        self.scorers = scorers
+        self.clock = clock
+        self.started_s = 0.0  # clock() at the open step's start
+        self.gen_s = 0.0  # generation+scoring phase of the open step
+        self.generated_tokens = 0  # decoded in that phase
+        # response tokens whose reward prefill finished before / not before their sample finished
+        self.overlap_tokens = [0, 0]
+        self.finished_s: dict[int, float] = {}  # sample id -> when its engine finished it
+        # sample id -> [(prefill end, tokens)] acknowledged before the driver saw it finish
+        self.prefilled_early: dict[int, list[tuple[float, int]]] = {}
+        self.scorer_busy: list[tuple[float, float]] = []  # acknowledged reward calls' (start, end)
+        # actor index -> (most KV tokens held after a call this step, after its latest call)
+        self.scorer_kv_tokens: dict[int, tuple[int, int]] = {}
+        self.scorer_kv_budget_tokens = 0  # summed over actors, from their replies
+        self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True, disable=not show_progress)
+
+    # ------------------------------------------------------------------ fed during a step
+
+    def start_step(self) -> None:
+        self.started_s = self.clock()
+        self.overlap_tokens = [0, 0]
+
+    def end_generation(self, generated_tokens: int) -> None:
+        self.gen_s = self.clock() - self.started_s
+        self.generated_tokens = generated_tokens
+
+    def on_finished(self, sample_id: int, time_s: float) -> None:
+        """Its engine finished the sample at `time_s`: judge the prefills acknowledged before."""
+        self.finished_s[sample_id] = time_s
+        for end_s, n in self.prefilled_early.pop(sample_id, ()):
+            self.overlap_tokens[0 if end_s <= time_s else 1] += n
+
+    def on_final_tokens(self, tokens: int) -> None:
+        """Tokens sent with their sample's final chunk: prefilled with it, not overlapped."""
+        self.overlap_tokens[1] += tokens
+
+    def on_reward_reply(self, actor: int, reply, ahead: dict[int, int]) -> None:
+        """An acknowledged reward call (`scorer.ScoreReply`); `ahead`: sample id -> tokens it
+        prefilled ahead of the sample's final chunk."""
+        self.scorer_busy.append((reply.start_s, reply.end_s))
+        step_max, _ = self.scorer_kv_tokens.get(actor, (0, 0))
+        self.scorer_kv_tokens[actor] = (max(step_max, reply.kv_tokens), reply.kv_tokens)
+        self.scorer_kv_budget_tokens = reply.kv_budget_tokens * self.scorers
+        for sid, n in ahead.items():  # overlapped: the prefill was done before the sample was
+            if sid in self.finished_s:
+                self.overlap_tokens[0 if reply.end_s <= self.finished_s[sid] else 1] += n
+            else:  # its end is not known yet: judged when it is
+                self.prefilled_early.setdefault(sid, []).append((reply.end_s, n))
+
+    # ------------------------------------------------------------------ read at the step's end
+
+    def metrics(self, report: StepReport, policy_version: int, scorer_restarts: int,
+                aborted_requests: int) -> dict[str, float]:
+        """The step's `oppo/*` metrics; rolls the per-step reward-actor figures over."""
+        before, at_end = self.overlap_tokens
+        metrics = {
+            **report.metrics(),
+            "oppo/generated_tokens": float(self.generated_tokens),
+            "oppo/policy_version": float(policy_version),
+            "oppo/overlap_fraction": before / max(before + at_end, 1),
+            "oppo/scorer_restarts": float(scorer_restarts),
+            "oppo/aborted_requests": float(aborted_requests),
+        }
+        if self.scorers:
+            metrics.update(self._scorer_metrics())
+        return metrics
+
+    def _scorer_metrics(self) -> dict[str, float]:
+        # reward calls acknowledged by now; busy time summed over actors, clipped to the phase
+        start, end = self.started_s, self.started_s + self.gen_s
+        busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.scorer_busy)
+        out = {"oppo/scorer_idle_fraction": 1.0 - min(1.0, busy / max(self.gen_s * self.scorers, 1e-9))}
+        self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
+        # KV tokens held: each actor's most after a call this step, summed; an actor without a
+        # reply this step still holds what it held after its latest call
+        out["oppo/scorer_kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
+        out["oppo/scorer_kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
+        self.scorer_kv_tokens = {idx: (last, last) for idx, (_, last) in self.scorer_kv_tokens.items()}
+        return out
+
+    def forget(self, sample_ids: list[int]) -> None:
+        """Trained samples: nothing of them is measured again."""
+        for sid in sample_ids:
+            self.finished_s.pop(sid, None)
+
+    def show(self, report: StepReport, mean_reward: float) -> None:
+        self.progress.update()
+        self.progress.set_postfix(
+            reward=f"{mean_reward:.3f}", delta=report.delta, C=report.chunk_size_tokens,
+            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{self.clock() - self.started_s:.1f}",
+        )

@@ -1,0 +1,101 @@
+"""EnginePool with fake engines: placement, starts, polling, aborts, the weight-sync pause."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from openrlhf_oppo.integrations.runtime.engine_pool import ABORT_RETRIES, EnginePool
+from openrlhf_oppo.integrations.runtime.rollout import SampleRequest
+
+
+def make_pool(fakes, engines: int = 2, outputs=None):
+    """A pool over `engines` fake engines; `outputs[i]`: FakeRefs engine i answers `next_outputs` with, in turn."""
+    outputs = outputs or {}
+
+    def engine(i):
+        replies = iter(outputs.get(i, ()))
+        silent = fakes.FakeRef([], ready=False)
+        return fakes.make_actor(start_samples=None, next_outputs=lambda *a: next(replies, silent),
+                                pause_generation=None, resume_generation=None, set_policy_version=None,
+                                set_reward_tokenizer=None, abort_one=None)
+
+    calls = fakes.FakeCalls()
+    return EnginePool([engine(i) for i in range(engines)], calls), calls
+
+
+def request(sid: int, held=()) -> SampleRequest:
+    return SampleRequest(sid, [1, 2], list(held), 8)
+
+
+def test_a_group_goes_whole_to_the_engine_decoding_fewest_groups(fakes):
+    pool, _ = make_pool(fakes, engines=3)
+    assert [pool.place(g) for g in range(4)] == [0, 1, 2, 0]  # ties: the lowest index
+    pool.release(1, [2, 3])
+    assert pool.place(4) == 1  # engine 1 decodes nothing now
+
+
+def test_requests_start_on_their_groups_engine_in_one_call_per_engine(fakes):
+    pool, _ = make_pool(fakes)
+    pool.place(0), pool.place(1)
+    pool.start([(0, request(0)), (1, request(2)), (0, request(1))], "params")
+    (first,) = pool.engines[0].start_samples.calls
+    (second,) = pool.engines[1].start_samples.calls
+    assert [r.sample_id for r in first[0]] == [0, 1] and first[1] == "params"
+    assert [r.sample_id for r in second[0]] == [2]
+
+
+def test_poll_keeps_one_call_per_engine_in_flight_and_returns_deltas_engine_by_engine(fakes):
+    d0, d1 = fakes.make_delta(0, [5]), fakes.make_delta(2, [6, 7])
+    slow = fakes.FakeRef([d1], ready=False)
+    pool, _ = make_pool(fakes, outputs={0: [fakes.FakeRef([d0])], 1: [slow]})
+    assert pool.poll(wake_tokens=4) == [d0]
+    assert pool.polls == {1: slow}  # engine 1's call is still in flight: not sent again
+    slow.ready = True
+    assert pool.poll(wake_tokens=4) == [d1]
+    assert [len(e.next_outputs.calls) for e in pool.engines] == [2, 1]
+    assert pool.replies_this_step == 2
+
+
+def test_poll_wakes_on_a_reward_call_too(fakes):
+    pool, _ = make_pool(fakes)
+    assert pool.poll(wake_tokens=4, also=[fakes.FakeRef("scored")]) == []  # no engine answered yet
+
+
+def test_a_dead_engine_stops_the_run_naming_the_step_and_the_resume(fakes):
+    pool, _ = make_pool(fakes, engines=1, outputs={0: [fakes.FakeRef(error=ray.exceptions.RayActorError())]})
+    pool.begin_step(3)
+    with pytest.raises(RuntimeError, match=r"rollout engine 0 died in step 3 .*--ckpt.load_enable"):
+        pool.poll(wake_tokens=4)
+
+
+def test_an_aborted_sample_decodes_on_from_its_tokens_on_its_groups_engine(fakes):
+    pool, _ = make_pool(fakes)
+    pool.place(0), pool.place(1)
+    pool.restart_aborted([(fakes.make_delta(2, [], finish="abort", error="boom"), 1, request(2, held=[7, 8]))], "p")
+    ((reqs, params),) = pool.engines[1].start_samples.calls
+    assert [(r.sample_id, r.held_ids) for r in reqs] == [(2, [7, 8])] and params == "p"
+    assert pool.aborted_this_step == 1 and pool.engines[0].start_samples.calls == []
+
+
+def test_a_sample_aborted_more_than_abort_retries_times_fails_the_step(fakes):
+    pool, _ = make_pool(fakes)
+    pool.place(0)
+    pool.begin_step(5)
+    aborted = [(fakes.make_delta(1, [], finish="abort", error="EngineDeadError"), 0, request(1))]
+    for _ in range(ABORT_RETRIES):
+        pool.restart_aborted(aborted, None)
+    with pytest.raises(RuntimeError, match=rf"step 5: sample 1 was aborted by its engine {ABORT_RETRIES + 1} times"):
+        pool.restart_aborted(aborted, None)
+    pool.release(0, [1])
+    assert pool.aborts == {}  # a trained sample's count is dropped
+
+
+def test_resume_sets_the_policy_version_and_resumes_only_what_was_paused(fakes):
+    pool, _ = make_pool(fakes, engines=2)
+    pool.resume(1)  # Δ = 0: nothing was paused
+    assert all(e.set_policy_version.calls == [(1,)] and e.resume_generation.calls == [] for e in pool.engines)
+    pool.pause(keep_kv_cache=True)
+    assert all(e.pause_generation.calls == [(True,)] for e in pool.engines)
+    pool.resume(2)
+    assert all(e.resume_generation.calls == [()] for e in pool.engines) and not pool.paused

@@ -1,0 +1,206 @@
+"""OppoSamplesGenerator driving whole steps with a fake engine pool and a fake reward
+dispatcher around the real scheduler: B = 2 groups, n = 2 samples, Δ = 1."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from openrlhf_oppo.core import OverlapScheduler
+from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
+from openrlhf_oppo.integrations.runtime.reward_dispatch import REWARD
+from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+
+B, N, DELTA = 2, 2, 1
+PROMPTS = [f"p{i}" for i in range(6)]  # one pass
+GENERATE_KWARGS = {"max_new_tokens": 8, "max_len": 64}
+
+
+class FakePool:
+    """Engines that decode one token per started sample per poll: token `10 * sid + position`,
+    stamped with the policy version set at the last resume; a sample finishes at `length(sid)` tokens."""
+
+    def __init__(self, length, make_delta) -> None:
+        self.length = length
+        self.make_delta = make_delta
+        self.decoding: dict[int, int] = {}  # sample id -> tokens decoded so far (held ones included)
+        self.started: list[tuple[int, list[int]]] = []  # (sample id, held tokens) of every request
+        self.version = 0
+        self.paused = False
+        self.aborted_this_step = 0
+        self.placed: dict[int, int] = {}
+
+    def set_reward_tokenizer(self, tokenizer) -> None:
+        raise AssertionError("streamed rewards: the engines score nothing")
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def place(self, group_id: int) -> int:
+        self.placed[group_id] = 0
+        return 0
+
+    def release(self, group_id: int, sample_ids) -> None:
+        del self.placed[group_id]
+
+    def start(self, requests, params) -> None:
+        for gid, req in requests:
+            assert gid in self.placed and req.max_tokens == GENERATE_KWARGS["max_new_tokens"]
+            self.started.append((req.sample_id, list(req.held_ids)))
+            self.decoding[req.sample_id] = len(req.held_ids)
+
+    def restart_aborted(self, aborted, params) -> None:
+        assert aborted == []
+
+    def poll(self, wake_tokens: int, also=()) -> list:
+        assert not self.paused
+        deltas = []
+        for sid, pos in list(self.decoding.items()):
+            self.decoding[sid] = pos + 1
+            done = pos + 1 == self.length(sid)
+            if done:
+                del self.decoding[sid]
+            finish = "stop" if done else None
+            deltas.append(self.make_delta(sid, [10 * sid + pos], self.version, finish, time_s=float(pos)))
+        return deltas
+
+    def pause(self, keep_kv_cache: bool) -> None:
+        self.paused = True
+
+    def resume(self, policy_version: int) -> None:
+        self.version, self.paused = policy_version, False
+
+
+class FakeRewards:
+    """Acknowledges every chunk at once; a finished sample's reward is its id."""
+
+    def __init__(self, scheduler: OverlapScheduler) -> None:
+        self.scheduler = scheduler
+        self.scores: dict[int, float] = {}
+        self.opened: dict[int, list[int]] = {}
+        self.dispatched: list = []
+        self.open_calls: list[dict] = []
+        self.restarts_this_step = 0
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def in_flight(self) -> list:
+        return []
+
+    def open(self, prompts) -> None:
+        self.open_calls.append(dict(prompts))
+        self.opened.update(prompts)
+
+    def confirm_opened(self) -> None:
+        pass
+
+    def dispatch(self, chunks) -> None:
+        self.dispatched += chunks
+        for ch in chunks:
+            if ch.final:
+                self.scores[ch.sample_id] = float(ch.sample_id)
+        self.scheduler.on_scored_many(REWARD, chunks)
+
+    def collect(self) -> None:
+        pass
+
+    def forget(self, sample_ids) -> None:
+        for sid in sample_ids:
+            self.scores.pop(sid, None)
+            self.opened.pop(sid, None)
+
+    def forget_all(self) -> None:
+        self.scores, self.opened = {}, {}
+
+
+class Tokenizer:
+    def __call__(self, text: str, add_special_tokens: bool):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def group1_is_slow(sid: int) -> int:
+    """Group 1 (samples 2, 3) needs 3 tokens, every other sample 2: it misses step 0's batch."""
+    return 3 if sid in (2, 3) else 2
+
+
+def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS)):
+    args = fakes.make_args(B=B, n=N)
+    scheduler = OverlapScheduler(fakes.make_config(delta=DELTA, chunk=2), batch_groups=B, samples_per_group=N,
+                                 scorers=(REWARD,))
+    # OpenRLHF's prompt dataloader: (indices, prompts, labels, images) batches of one
+    loader = Loader([(None, [p], [f"label {p}"], [None]) for p in prompts], per_pass)
+    return OppoSamplesGenerator(
+        SimpleNamespace(args=args), loader, None, Tokenizer(), [], oppo=scheduler.config, scheduler=scheduler,
+        engines=FakePool(group1_is_slow, fakes.make_delta), rewards=FakeRewards(scheduler),
+        meter=StepMeter(0, show_progress=False),
+    )
+
+
+class Loader(list):
+    """A dataloader holding the rest of a pass of `per_pass` prompts (a resumed one starts mid-pass)."""
+
+    def __init__(self, items, per_pass: int) -> None:
+        super().__init__(items)
+        self.per_pass = per_pass
+
+    def __len__(self) -> int:
+        return self.per_pass
+
+
+def run_step(gen: OppoSamplesGenerator):
+    """One step as OPPO's trainer runs it: generate, weight sync, finish with the batch's mean reward."""
+    experiences, _, admitted, exhausted = gen.generate_samples(**GENERATE_KWARGS)
+    order, batch = gen.batch_sample_ids, gen.open_batch
+    gen.pause_for_weight_sync()
+    gen.resume_after_weight_sync()
+    metrics = gen.finish_step(sum(e.rewards.item() for e in experiences) / len(experiences))
+    return SimpleNamespace(experiences=experiences, admitted=admitted, exhausted=exhausted, order=order,
+                           batch=batch, metrics=metrics)
+
+
+def response_tokens(exp) -> list[int]:
+    seq, mask = exp.sequences[0].tolist(), exp.action_mask[0].tolist()
+    return [t for t, m in zip(seq[1:], mask, strict=True) if m]
+
+
+def test_the_first_b_complete_groups_are_trained_in_prompt_order_and_the_slow_one_is_carried(fakes):
+    gen = make_generator(fakes)
+    step = run_step(gen)
+    assert step.admitted == B + DELTA and not step.exhausted
+    assert step.order == [0, 1, 4, 5]  # groups 0 and 2, by prompt position
+    assert [e.prompts[0] for e in step.experiences] == ["p0", "p0", "p2", "p2"]
+    assert [response_tokens(e) for e in step.experiences] == [[0, 1], [10, 11], [40, 41], [50, 51]]
+    assert [e.rewards.item() for e in step.experiences] == [0.0, 1.0, 4.0, 5.0]  # the streamed rewards
+    assert gen.scheduler.in_flight_groups == (1,) and gen.scheduler.held_tokens(2) == [20, 21]
+    assert gen.engines.paused is False and gen.engines.version == 1  # paused for the sync: group 1 decodes
+    assert step.metrics["oppo/policy_version"] == 0.0 and step.metrics["oppo/generated_tokens"] == 12.0
+    assert set(gen.prompts.by_group) == {1} and set(gen.rewards.opened) == {2, 3}  # the trained groups are dropped
+
+
+def test_carried_sample_keeps_its_tokens_and_later_tokens_carry_the_new_policy_version(fakes):
+    gen = make_generator(fakes)
+    run_step(gen)
+    step = run_step(gen)
+    assert step.admitted == 2 and step.order == [2, 3, 6, 7]  # group 1 (carried), then group 3
+    carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
+    assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
+    assert response_tokens(step.experiences[0]) == [20, 21, 22]
+    # a carried sample is never started again: it decodes on where it was
+    assert [sid for sid, _ in gen.engines.started] == list(range(10))
+    assert gen.scheduler.in_flight_groups == (4,)
+
+
+def test_a_resumed_run_restarts_carried_samples_from_their_recorded_tokens(fakes):
+    first = make_generator(fakes)
+    run_step(first)
+    state = json.loads(json.dumps(first.state_dict()))  # as OpenRLHF's client_states keep it
+    resumed = make_generator(fakes, prompts=PROMPTS[3:])  # OpenRLHF restores the dataloader mid-pass
+    resumed.load_state_dict(state)
+    resumed.resume_after_weight_sync()  # the checkpoint's weights: policy version 1
+    step = run_step(resumed)
+    assert (2, [20, 21]) in resumed.engines.started and (3, [30, 31]) in resumed.engines.started
+    assert set(resumed.rewards.open_calls[0]) == {2, 3, 6, 7, 8, 9}  # reopened on the fresh reward actors
+    restream = [ch for ch in resumed.rewards.dispatched if ch.sample_id in (2, 3)][:2]
+    assert [(ch.sample_id, ch.start, ch.end) for ch in restream] == [(2, 0, 2), (3, 0, 2)]  # held tokens re-scored
+    assert step.order == [2, 3, 6, 7] and response_tokens(step.experiences[0]) == [20, 21, 22]

@@ -1,0 +1,85 @@
+"""StepMeter on hand-built events and a hand-set clock: the `oppo/*` values it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrlhf_oppo.core import StepReport
+from openrlhf_oppo.integrations.runtime.scorer import ScoreReply
+from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+
+
+class Clock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_meter(scorers: int = 2, start_s: float = 100.0, gen_s: float = 10.0, generated: int = 50):
+    """A meter whose step started at `start_s` and generated for `gen_s` seconds."""
+    clock = Clock(start_s)
+    meter = StepMeter(scorers=scorers, clock=clock, show_progress=False)
+    meter.start_step()
+    clock.now = start_s + gen_s
+    meter.end_generation(generated)
+    return meter
+
+
+def report() -> StepReport:
+    return StepReport(step=0, delta=1, next_delta=1, chunk_size_tokens=4, next_chunk_size_tokens=4, trained_groups=2,
+                      admitted_groups=3, carried_groups=(1,), carried_tokens=5, deferred_fraction=0.0)
+
+
+def reply(start_s: float, end_s: float, kv: int = 0) -> ScoreReply:
+    return ScoreReply({}, start_s, end_s, kv_tokens=kv, kv_budget_tokens=1000)
+
+
+def test_tokens_prefilled_before_their_sample_finished_count_as_overlapped():
+    meter = make_meter()
+    meter.on_reward_reply(0, reply(101.0, 102.0), ahead={7: 8})  # before sample 7 finishes: judged then
+    meter.on_finished(7, time_s=103.0)
+    meter.on_finished(9, time_s=103.0)
+    meter.on_reward_reply(1, reply(103.0, 104.0), ahead={9: 4})  # sample 9 finished before this prefill did
+    meter.on_final_tokens(4)  # sent with a final chunk
+    assert meter.overlap_tokens == [8, 8]
+    assert meter.metrics(report(), 0, 0, 0)["oppo/overlap_fraction"] == pytest.approx(0.5)
+
+
+def test_scorer_idle_fraction_counts_busy_time_clipped_to_the_generation_phase():
+    meter = make_meter(scorers=2, start_s=100.0, gen_s=10.0)
+    meter.on_reward_reply(0, reply(98.0, 103.0), ahead={})  # 3 s inside the phase
+    meter.on_reward_reply(1, reply(108.0, 112.0), ahead={})  # 2 s inside; ends after the phase
+    metrics = meter.metrics(report(), 0, 0, 0)
+    assert metrics["oppo/scorer_idle_fraction"] == pytest.approx(1 - 5 / 20)
+    assert meter.scorer_busy == [(108.0, 112.0)]  # only a call outlasting the phase is kept
+
+
+def test_kv_tokens_are_each_actors_most_this_step_then_its_latest():
+    meter = make_meter(scorers=2)
+    meter.on_reward_reply(0, reply(101, 102, kv=30), ahead={})
+    meter.on_reward_reply(0, reply(102, 103, kv=10), ahead={})
+    meter.on_reward_reply(1, reply(101, 102, kv=5), ahead={})
+    metrics = meter.metrics(report(), 0, 0, 0)
+    assert (metrics["oppo/scorer_kv_tokens"], metrics["oppo/scorer_kv_budget_tokens"]) == (35.0, 2000.0)
+    # next step, no reply: each actor still holds what it held after its latest call
+    assert meter.metrics(report(), 1, 0, 0)["oppo/scorer_kv_tokens"] == 15.0
+
+
+def test_metrics_carry_the_schedulers_report_and_the_steps_counts_in_order():
+    metrics = make_meter(scorers=0, generated=50).metrics(report(), policy_version=3, scorer_restarts=1,
+                                                          aborted_requests=2)
+    assert list(metrics)[: len(report().metrics())] == list(report().metrics())
+    assert {k: v for k, v in metrics.items() if k not in report().metrics()} == {
+        "oppo/generated_tokens": 50.0, "oppo/policy_version": 3.0, "oppo/overlap_fraction": 0.0,
+        "oppo/scorer_restarts": 1.0, "oppo/aborted_requests": 2.0,
+    }  # no scorer_* values without streamed rewards
+
+
+def test_a_new_step_resets_overlap_but_keeps_unjudged_prefills():
+    meter = make_meter()
+    meter.on_reward_reply(0, reply(101.0, 102.0), ahead={7: 8})
+    meter.on_final_tokens(3)
+    meter.start_step()
+    assert meter.overlap_tokens == [0, 0] and meter.prefilled_early == {7: [(102.0, 8)]}
