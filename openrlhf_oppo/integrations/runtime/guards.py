@@ -10,12 +10,14 @@ name the step and the samples.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 # per-token fields, checked where the action mask is set; per-sample fields, checked whole
-TOKEN_FIELDS = ("action_log_probs", "base_action_log_probs", "rollout_log_probs", "values", "returns", "advantages", "kl")
+TOKEN_FIELDS = (
+    "action_log_probs", "base_action_log_probs", "rollout_log_probs", "values", "returns", "advantages", "kl",
+)
 SAMPLE_FIELDS = ("rewards",)
 
 
@@ -23,7 +25,9 @@ class NonFiniteError(FloatingPointError):
     """A step's batch or losses hold NaN/inf, or a sample has no response token."""
 
 
-def check_experiences(experiences: Sequence, step: int, sample_ids: Sequence[int] | None, micro_batch_size: int | None) -> None:
+def check_experiences(
+    experiences: Sequence, step: int, sample_ids: Sequence[int] | None, micro_batch_size: int | None
+) -> None:
     """Raise `NonFiniteError` naming every bad sample of the step's experiences.
 
     ``sample_ids``: the batch's sample ids in rollout order; with ``micro_batch_size``
@@ -33,7 +37,7 @@ def check_experiences(experiences: Sequence, step: int, sample_ids: Sequence[int
     for k, exp in enumerate(experiences):
         mask = exp.action_mask.bool() if exp.action_mask is not None else None
 
-        def who(row: int) -> str:
+        def who(row: int, k: int = k) -> str:
             if sample_ids is not None and micro_batch_size:
                 i = k * micro_batch_size + row
                 if i < len(sample_ids):

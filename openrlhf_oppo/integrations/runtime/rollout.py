@@ -131,7 +131,8 @@ class OppoRolloutActor(_BASE):
                     comp = out.outputs[0]
                     logprobs = None
                     if params.logprobs is not None and comp.logprobs is not None:
-                        logprobs = array("d", [d[t].logprob if t in d else 0.0 for t, d in zip(comp.token_ids, comp.logprobs)])
+                        pairs = zip(comp.token_ids, comp.logprobs)
+                        logprobs = array("d", [d[t].logprob if t in d else 0.0 for t, d in pairs])
                     decoded += len(comp.token_ids)
                     if response is not None:
                         response += comp.token_ids

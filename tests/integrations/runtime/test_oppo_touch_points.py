@@ -199,7 +199,8 @@ def test_unwired_reference_and_critic_streaming_are_refused_by_name():
 
     for name in ("reference", "critic"):
         cfg, rest = parse([f"--oppo.streaming.{name}", "true"])
-        with pytest.raises(ValueError, match=rf"--oppo\.streaming\.{name}: this version streams into the reward model only"):
+        expected = rf"--oppo\.streaming\.{name}: this version streams into the reward model only"
+        with pytest.raises(ValueError, match=expected):
             check_flags(rest, cfg)
 
 
@@ -214,7 +215,8 @@ REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
      ["--reward.model_name_or_path", "/rm"]),
     (["--ds.load_in_4bit"], r"--ds\.load_in_4bit cannot be combined with --oppo\.streaming\.enable",
      ["--reward.model_name_or_path", "/rm"]),
-    (["--eval.dataset", "/e.jsonl"], r"--eval\.dataset needs --reward\.remote_url", ["--reward.model_name_or_path", "/rm"]),
+    (["--eval.dataset", "/e.jsonl"], r"--eval\.dataset needs --reward\.remote_url",
+     ["--reward.model_name_or_path", "/rm"]),
     (["--vllm.enable_prefix_caching"], r"--vllm\.enable_prefix_caching cannot be combined", []),
     (["--rollout.vllm_generate_batch_size", "8"], r"--rollout\.vllm_generate_batch_size cannot be combined", []),
 ]
