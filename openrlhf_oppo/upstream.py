@@ -4,7 +4,7 @@ OpenRLHF 0.11.2 symbol OPPO swaps, subclasses, wraps, patches or calls.
 One row per symbol, dotted from the module (`openrlhf.trainer.ppo_trainer.PPOTrainer`,
 a method as `Class.method`). `missing()` resolves each against the installed
 OpenRLHF (a `@ray.remote` class is read through the class under the decorator), so a
-rename upstream fails `tests/integrations/test_touch_points.py` by name instead of a
+rename upstream fails `tests/test_upstream.py` by name instead of a
 run failing half-way on a cluster. docs/design.md explains each group.
 """
 

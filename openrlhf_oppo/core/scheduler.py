@@ -337,20 +337,6 @@ class OverlapScheduler:
         s = self._sample(sample_id)
         return [t for chunk in s.token_chunks for t in chunk]
 
-    def response_tokens(self, sample_id: int, start: int, end: int) -> list[int]:
-        """Response tokens ``[start, end)`` of an in-flight sample (a chunk's tokens; a
-        `ChunkReady` carries them too, as ``token_ids``)."""
-        out: list[int] = []
-        offset = 0
-        for chunk in self._sample(sample_id).token_chunks:
-            n = len(chunk)
-            if offset + n > start and offset < end:
-                out.extend(chunk[max(0, start - offset) : end - offset])
-            offset += n
-            if offset >= end:
-                break
-        return out
-
     def group_of(self, sample_id: int) -> int:
         return self._sample(sample_id).group.group_id
 

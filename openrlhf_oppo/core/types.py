@@ -36,7 +36,7 @@ class ChunkReady(NamedTuple):
         end (int): offset one past its last token, in tokens (``end >= start``).
         final (bool): the sample finished at ``end``; no chunk of it follows.
         token_ids (Sequence[int]): the response token ids ``[start, end)``, shape
-            ``[end - start]``, so that a driver need not call back ``response_tokens``.
+            ``[end - start]``: what a scorer prefills, carried so that no driver asks the core again.
             Read-only, in the engine deltas' own container (``array("i")`` as the rollout
             actors hand them, a list for lists; ``()`` for an empty chunk of a sample
             without tokens): the very delta when the chunk is exactly one (the scheduler

@@ -10,7 +10,7 @@ costs about a minute of start-up here, so CI time decides):
   colocate_all would need one engine per actor GPU).
 
 An HTTP reward endpoint goes through the same engine code as the `.py` function
-(`OppoRolloutActor._reward`, OpenRLHF's executor): tests/integrations/test_rule_rewards.py
+(`OppoRolloutActor._reward`, OpenRLHF's executor): tests/integrations/runtime/test_rule_rewards.py
 drives it against a real server on 127.0.0.1."""
 
 from __future__ import annotations

@@ -342,7 +342,6 @@ def test_every_chunk_carries_its_tokens_as_the_engine_handed_them(make_scheduler
         (0, 4, [1, 2, 3, 4]), (4, 8, [5, 6, 7, 8]), (8, 11, [9, 10, 11])
     ]
     assert type(c1.token_ids) is array and c1.token_ids.typecode == "i"  # a slice copy, not an int per token
-    assert list(c2.token_ids) == sched.response_tokens(sid, 4, 8)  # the call-back still answers the same
     (empty,) = sched.on_finished(other)
     assert (empty.start, empty.end, tuple(empty.token_ids)) == (0, 0, ())
     (again,) = sched.rescore("reward", [sid])

@@ -108,7 +108,7 @@ class RewardDispatcher:
         for ch in chunks:
             idx = ch.sample_id % len(self.actors)
             extends, finishes, sent = work.setdefault(idx, ({}, {}, []))
-            toks = self._tokens(ch)
+            toks = list(ch.token_ids)  # the chunk carries its tokens (read-only: copied)
             if ch.final:
                 # chunks of one sample arriving together are prefilled as one: same result
                 finishes[ch.sample_id] = extends.pop(ch.sample_id, []) + toks
@@ -122,10 +122,6 @@ class RewardDispatcher:
             self.calls_this_step += 1
             if faults.due("reward", self.step, self.calls_this_step):
                 self.calls.kill(self.actors[idx], no_restart=False)
-
-    def _tokens(self, chunk: ChunkReady) -> list[int]:
-        """The chunk's response tokens: the one place they are read back from the scheduler."""
-        return self.scheduler.response_tokens(chunk.sample_id, chunk.start, chunk.end)
 
     def collect(self) -> None:
         """Acknowledge finished reward calls, in submission order per actor: a sample's

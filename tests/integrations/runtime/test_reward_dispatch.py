@@ -39,7 +39,12 @@ def make_dispatcher(fakes, actors: int = 2, n: int = 2, dead: bool = False):
     rewards.confirm_opened()
     acked: list[list] = []
     on_scored_many = sched.on_scored_many
-    sched.on_scored_many = lambda name, chunks: (acked.append(list(chunks)), on_scored_many(name, chunks))
+
+    def record(name, chunks):
+        acked.append([tuple(c[:4]) for c in chunks])  # (sample_id, start, end, final)
+        on_scored_many(name, chunks)
+
+    sched.on_scored_many = record
     return rewards, sched, acked
 
 

@@ -12,7 +12,7 @@ from openrlhf_oppo import compat, hooks, run_env
 from openrlhf_oppo.compat import caches, patches
 from openrlhf_oppo.integrations.runtime import seeding, startup, timeline_hooks
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_cache_and_seeding_patches_go_everywhere_compat_and_timeline_only_when_asked():
