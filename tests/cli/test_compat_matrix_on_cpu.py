@@ -25,11 +25,12 @@ import pytest
 
 from openrlhf_oppo import timeline
 
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
 TWO_STEPS = ("--data.max_samples", "8")  # 8 prompts / 4 per step
 REWARD_FUNC = '''
 import torch
 
-pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
 def reward_func(queries, prompts, labels):
     """How close the response's word count is to the label (tiny task: a number)."""

@@ -9,7 +9,7 @@ import pytest
 
 from openrlhf_oppo.compat import zero3_check
 
-pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+pytestmark = pytest.mark.e2e  # real DeepSpeed processes (2 gloo ranks)
 
 
 def test_zero3_load_on_two_ranks_keeps_every_weight_intact_on_cpu(tmp_path):
