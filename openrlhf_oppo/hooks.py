@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +20,12 @@ from pathlib import Path
 # workers, Ray actors and vLLM's engine subprocesses all inherit it. A path, not an
 # import: its sitecustomize runs the composition root of integrations.runtime.
 SITE_DIR = Path(__file__).resolve().parent / "integrations" / "runtime" / "_site"
+
+
+def site_pythonpath(pythonpath: str) -> str:
+    """`pythonpath` with SITE_DIR first (once): what a run's processes get as PYTHONPATH."""
+    entries = [str(SITE_DIR)] + [p for p in pythonpath.split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 @dataclass(frozen=True)

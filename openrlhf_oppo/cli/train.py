@@ -6,6 +6,6 @@ checks, launching with restarts); `main` and `run` are its.
 
 from __future__ import annotations
 
-from openrlhf_oppo.integrations.launch.train_run import _task_flags, main, run
+from openrlhf_oppo.integrations.launch.train_run import main, run
 
-__all__ = ["_task_flags", "main", "run"]  # _task_flags: tests/tasks build the task's flags through it
+__all__ = ["main", "run"]

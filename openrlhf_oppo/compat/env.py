@@ -9,7 +9,7 @@ import os
 import platform
 
 from openrlhf_oppo import run_env
-from openrlhf_oppo.hooks import SITE_DIR
+from openrlhf_oppo.hooks import SITE_DIR, site_pythonpath
 
 __all__ = ["CACHE_DIR", "SITE_DIR", "cuda_available", "launch_env", "request_amx_permission"]
 
@@ -35,10 +35,9 @@ def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
     if cuda_available():
         return {}
     base = dict(os.environ if base is None else base)
-    pythonpath = [str(SITE_DIR)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
         run_env.COMPAT: "1",
-        "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath)),
+        "PYTHONPATH": site_pythonpath(base.get("PYTHONPATH", "")),
         "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": RAY_LOGICAL_CPUS, "GPU": RAY_LOGICAL_GPUS}),
         # vLLM CPU otherwise reads gpu_memory_utilization as a share of host RAM
         # (0.5 -> 11 GB reserved, 30 s init); 1 GiB of KV cache is plenty here.

@@ -74,7 +74,7 @@ def test_default_tiny_spec_is_the_one_openrlhf_runs_were_compared_on():
 
 
 def test_unknown_task_variant_names_the_key_and_the_allowed_variants():
-    from openrlhf_oppo.cli.train import _task_flags
+    from openrlhf_oppo.integrations.launch.train_run import _task_flags
 
     with pytest.raises(ValueError, match=r"task\.variant: unknown variant 'longtial'; allowed: tiny, longtail"):
         _task_flags({}, None, "longtial")

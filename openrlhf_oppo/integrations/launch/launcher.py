@@ -119,8 +119,7 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     env.update(compat.launch_env(env))
     env.update(caches.cache_env(env))
     # the site hook records OpenRLHF's stages on the timeline and seeds its rollouts, on any hardware
-    pythonpath = [str(hooks.SITE_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
+    env["PYTHONPATH"] = hooks.site_pythonpath(env.get("PYTHONPATH", ""))
     env[run_env.TIMELINE_DIR] = str(paths.timeline)
     env[run_env.METRICS_JSONL] = str(paths.oppo_metrics)
     env[run_env.TRACE_JSONL] = str(paths.oppo_trace)
