@@ -22,6 +22,7 @@ from openrlhf_oppo import settings
 from openrlhf_oppo.settings import setting as _f
 
 FLAG_PREFIX = "oppo"
+DELTA_RULES = ("system", "eq4", "alg1")
 REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
 # YAML and flags read alike: a flag's text converts when lossless ("8", "true", "64,128").
@@ -43,16 +44,18 @@ class DeltaConfig:
     init: int = _f(4, "Initial overcommit Δ (prompt groups).")
     min: int = _f(0, "Lower bound Δ_min (prompt groups).")
     max: int = _f(16, "Upper bound Δ_max (prompt groups); at most the rollout batch size B.")
-    window_steps: int = _f(4, "Reward window W (steps) of the Δ controller.")
+    window_steps: int = _f(4, "Window W (steps) of the Δ controller: rewards (eq4, alg1) or trained lengths (system).")
     inc: int = _f(1, "δ_inc: eq. 4 raises Δ by this while the reward slope is positive.")
     dec: int = _f(1, "δ_dec: eq. 4 lowers Δ by this while the reward slope is not positive.")
     rule: str = _f(
-        "eq4",
-        "Δ update rule: 'eq4' (paper eq. 4, reward slope over W steps; default) or 'alg1' "
-        "(paper Algorithm 1 lines 21-27, which moves Δ the opposite way).",
-        choices=("eq4", "alg1"),
+        "system",
+        "Δ update rule: 'system' (sized every step from B and the length tail of the groups trained "
+        "over W steps: enough groups that B of them are not stragglers; default), 'eq4' (paper eq. 4, "
+        "reward slope over W steps) or 'alg1' (paper Algorithm 1 lines 21-27, which moves Δ the "
+        "opposite way).",
+        choices=DELTA_RULES,
     )
-    adaptive: bool = _f(True, "Adapt Δ online from the reward trend; off keeps Δ = init.")
+    adaptive: bool = _f(True, "Adapt Δ online (by the rule); off keeps Δ = init.")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -69,7 +72,7 @@ class DeltaConfig:
             self.init,
         )
         _require(self.window_steps >= 2, "delta.window_steps", "an integer >= 2", self.window_steps)
-        _require(self.rule in ("eq4", "alg1"), "delta.rule", "one of 'eq4', 'alg1'", self.rule)
+        _require(self.rule in DELTA_RULES, "delta.rule", "one of " + ", ".join(map(repr, DELTA_RULES)), self.rule)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,14 @@ class StalenessConfig:
     max_deferral_steps: int = _f(
         3, "A prompt group carried this many steps must finish (and is trained) in the current step."
     )
+    max_policy_lag: int = _f(
+        0,
+        "Async admission. 0: a step's new groups are admitted when it begins, after the weight sync. "
+        "N >= 1: the next step's groups are admitted as soon as the trainer takes a batch and decode "
+        "while it trains (for vLLM on its own GPUs); no trained token is more than N policy versions "
+        "older than the weights it trains: a group that could exceed N is forced into the next batch "
+        "(the batch waits for it). N = 1 leaves no room to carry a group: it needs delta.enable false.",
+    )
     correction: str = _f(
         "none",
         "Off-policy correction with the recorded rollout logprobs, by OpenRLHF's importance-sampling "
@@ -131,6 +142,8 @@ class StalenessConfig:
     def validate(self) -> None:
         _require(self.max_deferral_steps >= 1, "staleness.max_deferral_steps", "an integer >= 1",
                  self.max_deferral_steps)
+        _require(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0, "staleness.max_policy_lag",
+                 "an integer >= 0", self.max_policy_lag)
         _require(
             self.correction in ("none", "tis", "icepop"),
             "staleness.correction",
@@ -202,6 +215,15 @@ class OppoConfig:
     def validate(self) -> None:
         for section in (self.delta, self.chunk, self.staleness, self.streaming):
             section.validate()
+        # lag 1: a group admitted while the trainer trains holds tokens one version old, so it
+        # must be trained in the very next step; a carried group would be two versions old
+        _require(
+            self.staleness.max_policy_lag != 1 or not self.delta.enable or self.delta.max == 0,
+            "staleness.max_policy_lag",
+            f"0 or >= 2 while --{FLAG_PREFIX}.delta.enable is true (a group admitted during training "
+            f"cannot be carried within lag 1: set --{FLAG_PREFIX}.delta.enable false, or the lag to 2)",
+            self.staleness.max_policy_lag,
+        )
 
 
 # ------------------------------------------------------------------- loading and CLI

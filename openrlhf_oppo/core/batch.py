@@ -10,18 +10,29 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from openrlhf_oppo.core.records import InFlight
-from openrlhf_oppo.core.types import DEFERRAL_BUCKETS, TrainBatch, TrainGroup, TrainSample, deferral_bucket
+from openrlhf_oppo.core.types import (
+    DEFERRAL_BUCKETS,
+    LAG_BUCKETS,
+    TrainBatch,
+    TrainGroup,
+    TrainSample,
+    deferral_bucket,
+    lag_bucket,
+)
 
 # Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
 # thousands are made per step.
 _new_tuple = tuple.__new__
 
 
-def take_groups(flight: InFlight, group_ids: Sequence[int], step: int) -> TrainBatch:
-    """Remove ``group_ids`` (complete) from ``flight`` and return them as the batch of ``step``."""
+def take_groups(flight: InFlight, group_ids: Sequence[int], step: int, kept_kv: bool = True) -> TrainBatch:
+    """Remove ``group_ids`` (complete) from ``flight`` and return them as the batch of ``step``.
+    ``kept_kv``: the engines kept a paused sample's KV cache across weight syncs, so its
+    tokens after its first version run were decoded on keys/values of older weights."""
     samples, scored = flight.samples, flight.scored
     groups = []
-    tokens = offpolicy = 0
+    tokens = offpolicy = stale_kv = 0
+    lag_tokens = dict.fromkeys(LAG_BUCKETS, 0)
     for gid in group_ids:
         g = flight.groups.pop(gid)
         del flight.complete[gid]
@@ -35,8 +46,12 @@ def take_groups(flight: InFlight, group_ids: Sequence[int], step: int) -> TrainB
             tokens += n
             if len(runs) == 1:
                 offpolicy += n if runs[0][1] < step else 0
-            else:
+                lag_tokens[lag_bucket(step - runs[0][1])] += n
+            elif runs:
                 offpolicy += tokens_below_version(runs, n, step)
+                stale_kv += n - runs[1][0] if kept_kv else 0
+                for i, (start, v) in enumerate(runs):
+                    lag_tokens[lag_bucket(step - v)] += (runs[i + 1][0] if i + 1 < len(runs) else n) - start
             lps = s.logprob_chunks
             if lps is None:
                 lps = _no_logprobs(len(s.token_chunks))
@@ -46,7 +61,7 @@ def take_groups(flight: InFlight, group_ids: Sequence[int], step: int) -> TrainB
     flight.trained_groups_total += len(groups)
     flight.trained_tokens_total += tokens
     flight.offpolicy_tokens_total += offpolicy
-    return TrainBatch(step, tuple(groups), offpolicy / tokens if tokens else 0.0)
+    return TrainBatch(step, tuple(groups), offpolicy / tokens if tokens else 0.0, lag_tokens, stale_kv, tokens)
 
 
 def deferral_histogram(batch: TrainBatch) -> dict[str, int]:

@@ -112,7 +112,7 @@ def load(
     with scorers, held samples are not complete and a restream is due."""
     try:
         flight, totals = _parse(state, setup)
-        delta = _delta(config, state["delta"], len(flight.groups))
+        delta = _delta(config, state["delta"], len(flight.groups), setup.batch_groups)
         chunk = _chunk(config, state["chunk"])
     except (KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"scheduler checkpoint is malformed: {exc!r}") from exc
@@ -191,10 +191,10 @@ def _parse_sample(ss: dict[str, Any], g: Group) -> Sample:
     return s
 
 
-def _delta(config: OppoConfig, state: dict[str, Any], carried: int) -> DeltaController:
+def _delta(config: OppoConfig, state: dict[str, Any], carried: int, batch_groups: int) -> DeltaController:
     """The checkpoint's Δ controller under this run's --oppo.delta.* (clamped, with a notice)."""
     cfg = config.delta
-    ctl = DeltaController(cfg)
+    ctl = DeltaController(cfg, batch_groups)
     ctl.load_state_dict(state)
     was = ctl.value
     if not cfg.enable:

@@ -6,40 +6,61 @@ bounded steps, and a ``state_dict`` so a resumed run continues where it stopped.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from openrlhf_oppo.config import ChunkConfig, DeltaConfig
+
+TAIL_FACTOR = 2.0  # system rule: a group longer than this x the window's median length is a straggler
 
 
 class DeltaController:
     """Overcommit degree Δ (prompt groups admitted beyond the batch size B).
 
+    * ``system`` (default): sized every step from B and the measured length tail.
+      With ``L`` the lengths (longest response, in tokens) of the groups trained over
+      the last W steps, ``p`` the share of them longer than 2 x median(L) (below 1/2: Δ < B),
+      ``Δ_{t+1} = clip(⌈B·p / (1 − p)⌉, Δ_min, Δ_max)``: of B+Δ groups about p·(B+Δ)
+      straggle, so B+Δ holds B that do not, and the batch need not wait for a straggler.
+      The trained groups over a window are an unbiased sample of the admitted ones
+      (every group is trained once, stragglers later), so no censoring correction is
+      needed; it scales with B and falls to Δ_min when lengths have no tail.
+
     Two update rules from the paper (arXiv 2509.25762), which disagree in sign:
 
-    * ``eq4`` (default), eq. 4: with ``s_t`` the slope of the per-step mean reward
+    * ``eq4``, eq. 4: with ``s_t`` the slope of the per-step mean reward
       over the last W steps (least squares),
       ``Δ_{t+1} = clip(Δ_t + δ_inc, Δ_min, Δ_max)`` if ``s_t > 0`` else
       ``clip(Δ_t − δ_dec, Δ_min, Δ_max)``. While the reward still climbs, more
       overcommit is affordable; "as training converges, s_t → 0 and Δ decays
-      toward Δ_min" (the paper's text), which this rule does.
+      toward Δ_min" (the paper's text), which this rule does. It moves by δ whatever B is.
     * ``alg1``, Algorithm 1 lines 21–27: ``d = mean(last W) − mean(previous W)``,
       ``Δ ← clip(Δ − sign(d)·max(1, ⌊Δ/4⌋), Δ_min, Δ_max)``: a rising reward
       *lowers* Δ. Offered as written, for reproducing the algorithm box.
 
-    Before W (eq4) or 2W (alg1) rewards are seen, Δ stays at ``init``.
+    Before one step (system), W (eq4) or 2W (alg1) steps are seen, Δ stays at ``init``.
     """
 
-    def __init__(self, cfg: DeltaConfig) -> None:
+    def __init__(self, cfg: DeltaConfig, batch_groups: int = 1) -> None:
         self.cfg = cfg
+        self.batch_groups = batch_groups
         self.value = cfg.init if cfg.enable else 0
         history = 2 * cfg.window_steps if cfg.rule == "alg1" else cfg.window_steps
         self._rewards: deque[float] = deque(maxlen=history)
+        self._lengths: deque[tuple[int, ...]] = deque(maxlen=cfg.window_steps)  # system: per step
 
-    def update(self, mean_reward: float) -> int:
-        """Observe one step's mean reward; return the Δ for the next step."""
+    def update(self, mean_reward: float, group_lengths: Sequence[int] = ()) -> int:
+        """Observe one step (its mean reward; the lengths of the groups it trained); return the Δ for the next step."""
         cfg = self.cfg
         if not (cfg.enable and cfg.adaptive):
+            return self.value
+        if cfg.rule == "system":
+            self._lengths.append(tuple(int(n) for n in group_lengths))
+            target = system_delta(self.batch_groups, [n for step in self._lengths for n in step])
+            if target is not None:
+                self.value = min(cfg.max, max(cfg.min, target))
             return self.value
         self._rewards.append(float(mean_reward))
         if len(self._rewards) < self._rewards.maxlen:
@@ -55,12 +76,26 @@ class DeltaController:
         return self.value
 
     def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "rewards": list(self._rewards)}
+        return {"value": self.value, "rewards": list(self._rewards), "lengths": [list(s) for s in self._lengths]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value = int(state["value"])
         self._rewards.clear()
         self._rewards.extend(float(r) for r in state["rewards"])
+        self._lengths.clear()
+        # "lengths" is absent in checkpoints from before the system rule
+        self._lengths.extend(tuple(int(n) for n in s) for s in state.get("lengths", ()))
+
+
+def system_delta(batch_groups: int, lengths: Sequence[int]) -> int | None:
+    """The system rule's Δ for group lengths ``lengths`` (None when there are none):
+    ``⌈B·p/(1 − p)⌉`` with ``p`` the share of lengths above ``TAIL_FACTOR`` x their median.
+    Fewer than half the lengths lie above twice the median, so ``p < 1/2``."""
+    if not lengths:
+        return None
+    threshold = TAIL_FACTOR * statistics.median(lengths)
+    total, tail = len(lengths), sum(n > threshold for n in lengths)
+    return -(-batch_groups * tail // (total - tail))  # ⌈B·tail / (total − tail)⌉ in integers: p = tail/total
 
 
 def _slope(ys: deque[float] | list[float]) -> float:

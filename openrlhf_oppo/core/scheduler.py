@@ -50,6 +50,11 @@ from openrlhf_oppo.core.types import FINISH_REASONS, ChunkReady, StepPlan, StepR
 _new_tuple = tuple.__new__
 
 
+def _first_version(s: Sample, default: int) -> int:
+    """Policy version of the sample's first token (``default`` while it has none)."""
+    return s.version_runs[0][1] if s.version_runs else default
+
+
 class OverlapScheduler:
     """Decides admission, chunking, batch formation and carry-over for OPPO.
 
@@ -83,7 +88,7 @@ class OverlapScheduler:
         self._scorer_index = {name: i for i, name in enumerate(self.scorers)}
         self._all_done = (1 << len(self.scorers)) - 1
         self._stream = config.streaming.enable and bool(self.scorers)
-        self.delta = DeltaController(config.delta)
+        self.delta = DeltaController(config.delta, batch_groups)
         self.chunk = ChunkSizeController(config.chunk)
         self._flight = InFlight(len(self.scorers))
         self._first_run: tuple[tuple[int, int], ...] = ()  # ((0, v),) for the latest v, shared by samples
@@ -118,8 +123,7 @@ class OverlapScheduler:
         admit = flight.admit(step, count, self.samples_per_group)
         self._admitted_this_step = len(admit)
         self._step_batch_groups = min(self.batch_groups, len(flight.groups))
-        max_deferrals = self.config.staleness.max_deferral_steps
-        self._must_finish = frozenset(g.group_id for g in flight.groups.values() if g.deferrals >= max_deferrals)
+        self._must_finish = self._forced(step)
         restream = restream_chunks(flight, self._chunk_size, self._stream) if flight.needs_restream else ()
         return StepPlan(
             step=step,
@@ -130,6 +134,20 @@ class OverlapScheduler:
             carried=carried,
             restream=restream,
         )
+
+    def _forced(self, step: int) -> frozenset[int]:
+        """Groups the batch of ``step`` must train: carried ``max_deferral_steps`` times, or
+        (``max_policy_lag`` N >= 1) holding a token that would be more than N versions old
+        at step + 1. Under async admission ``begin_step(step)`` runs before the weight sync
+        that makes version ``step``, so a sample without tokens yet gets version >= step - 1."""
+        staleness = self.config.staleness
+        max_deferrals, lag = staleness.max_deferral_steps, staleness.max_policy_lag
+        forced = [g.group_id for g in self._flight.groups.values() if g.deferrals >= max_deferrals]
+        if lag:
+            samples, now = self._flight.samples, max(0, step - 1)
+            forced += (g.group_id for g in self._flight.groups.values()
+                       if step + 1 - min(_first_version(samples[sid], now) for sid in g.sample_ids) > lag)
+        return frozenset(forced)
 
     def on_tokens(
         self,
@@ -264,7 +282,7 @@ class OverlapScheduler:
         forced = self._must_finish
         chosen = [g for g in complete if g in forced] if forced else []
         chosen += islice((g for g in complete if g not in forced), size - len(chosen))
-        self._batch = take_groups(self._flight, chosen, self._step)
+        self._batch = take_groups(self._flight, chosen, self._step, self.config.staleness.keep_kv_cache)
         return self._batch
 
     def end_step(self, stats: StepStats) -> StepReport:
@@ -283,10 +301,11 @@ class OverlapScheduler:
         for b, count in hist.items():
             flight.deferral_hist_total[b] += count
         trained = len(batch.groups)
+        lengths = [max(s.num_tokens for s in g.samples) for g in batch.groups]
         report = StepReport(
             step=step,
             delta=self._step_delta,
-            next_delta=self.delta.update(stats.mean_reward),
+            next_delta=self.delta.update(stats.mean_reward, lengths),
             chunk_size_tokens=self._chunk_size,
             next_chunk_size_tokens=self.chunk.update(stats.generated_tokens, stats.generation_time_s)
             if self._stream
@@ -298,6 +317,8 @@ class OverlapScheduler:
             deferred_fraction=(trained - hist["0"]) / trained,
             deferral_hist=hist,
             offpolicy_token_fraction=batch.offpolicy_token_fraction,
+            lag_tokens=batch.lag_tokens,
+            stale_kv_token_fraction=batch.stale_kv_tokens / batch.tokens if batch.tokens else 0.0,
         )
         flight.last_step = step
         self._step = None
@@ -364,9 +385,12 @@ class OverlapScheduler:
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state between steps: carried groups (tokens, logprobs,
         policy versions), controllers, data position, counters and the ledger of
-        trained groups (`openrlhf_oppo.core.checkpoint`)."""
-        if self._step is not None:
-            raise RuntimeError("state_dict inside a step; checkpoint between end_step and begin_step")
+        trained groups (`openrlhf_oppo.core.checkpoint`). Also inside a step whose batch
+        is not taken yet (async admission: the next step begins as the trainer takes a
+        batch): its admitted groups are then held as carried, and a resumed run begins
+        that step again, admitting only what is missing."""
+        if self._step is not None and self._batch is not None:
+            raise RuntimeError("state_dict after take_batch; checkpoint after end_step")
         return checkpoint.dump(self._flight, self.delta, self.chunk, self._setup)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

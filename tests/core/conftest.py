@@ -26,12 +26,15 @@ def build_scheduler(
     chunk: int | ChunkConfig = 4,
     stream: bool = True,
     max_deferral: int = 3,
+    max_lag: int = 0,
+    keep_kv: bool = True,
 ) -> OverlapScheduler:
     """A scheduler of B=``batch_groups`` groups of n=``samples_per_group``; config overrides:
 
     delta: a fixed Δ (bounds [0, ``max_delta`` or Δ]), or a whole `DeltaConfig`;
     chunk: a fixed C in tokens, or a whole `ChunkConfig` (adaptive C);
-    stream: stream chunks into the scorers; max_deferral: ``staleness.max_deferral_steps``.
+    stream: stream chunks into the scorers; max_deferral: ``staleness.max_deferral_steps``;
+    max_lag: ``staleness.max_policy_lag`` (async admission); keep_kv: ``staleness.keep_kv_cache``.
     """
     if not isinstance(delta, DeltaConfig):
         top = delta if max_delta is None else max_delta
@@ -39,7 +42,7 @@ def build_scheduler(
     cfg = OppoConfig(
         delta=delta,
         chunk=chunk if isinstance(chunk, ChunkConfig) else ChunkConfig(size_tokens=chunk),
-        staleness=StalenessConfig(max_deferral_steps=max_deferral),
+        staleness=StalenessConfig(max_deferral_steps=max_deferral, max_policy_lag=max_lag, keep_kv_cache=keep_kv),
         streaming=StreamingConfig(enable=stream),
     )
     return OverlapScheduler(cfg, batch_groups=batch_groups, samples_per_group=samples_per_group, scorers=scorers)

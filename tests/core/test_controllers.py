@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from openrlhf_oppo.config import ChunkConfig, DeltaConfig
+from openrlhf_oppo.config import DELTA_RULES, ChunkConfig, DeltaConfig
 from openrlhf_oppo.core import ChunkSizeController, DeltaController
+from openrlhf_oppo.core.controllers import system_delta
 
 
 def test_eq4_delta_follows_reward_slope_hand_computed():
@@ -17,7 +20,7 @@ def test_eq4_delta_follows_reward_slope_hand_computed():
 
 
 def test_eq4_flat_reward_decays_delta_to_min():
-    ctl = DeltaController(DeltaConfig(init=3, min=1, max=8, window_steps=2, inc=2, dec=1))
+    ctl = DeltaController(DeltaConfig(init=3, min=1, max=8, window_steps=2, inc=2, dec=1, rule="eq4"))
     assert [ctl.update(1.0) for _ in range(6)] == [3, 2, 1, 1, 1, 1]
 
 
@@ -37,13 +40,15 @@ def test_delta_disabled_is_zero_and_fixed_delta_never_moves():
 
 
 def test_delta_controller_state_round_trip():
-    cfg = DeltaConfig(init=2, min=0, max=4, window_steps=3)
-    a = DeltaController(cfg)
-    for r in [0.1, 0.3]:
-        a.update(r)
-    b = DeltaController(cfg)
-    b.load_state_dict(a.state_dict())
-    assert [a.update(r) for r in [0.5, 0.2, 0.9]] == [b.update(r) for r in [0.5, 0.2, 0.9]]
+    for rule in DELTA_RULES:
+        cfg = DeltaConfig(init=2, min=0, max=4, window_steps=3, rule=rule)
+        a = DeltaController(cfg, batch_groups=4)
+        for r, lengths in [(0.1, [5, 6, 30]), (0.3, [4, 50])]:
+            a.update(r, lengths)
+        b = DeltaController(cfg, batch_groups=4)
+        b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+        steps = [(0.5, [5, 5]), (0.2, [100, 3, 4, 5]), (0.9, [7])]
+        assert [a.update(*s) for s in steps] == [b.update(*s) for s in steps], rule
 
 
 def test_chunk_controller_fixed():
@@ -74,11 +79,40 @@ def test_chunk_controller_state_round_trip():
     assert [a.update(50, 1.0) for _ in range(5)] == [b.update(50, 1.0) for _ in range(5)]
 
 
-@pytest.mark.parametrize("rule", ["eq4", "alg1"])
+@pytest.mark.parametrize("rule", DELTA_RULES)
 def test_delta_stays_in_bounds_on_wild_rewards(rule):
     import random
 
     rng = random.Random(0)
-    ctl = DeltaController(DeltaConfig(init=5, min=2, max=7, window_steps=2, inc=3, dec=3, rule=rule))
+    ctl = DeltaController(DeltaConfig(init=5, min=2, max=7, window_steps=2, inc=3, dec=3, rule=rule), batch_groups=8)
     for _ in range(200):
-        assert 2 <= ctl.update(rng.uniform(-100, 100)) <= 7
+        lengths = [rng.choice([1, 10, 1000]) for _ in range(rng.randint(0, 8))]
+        assert 2 <= ctl.update(rng.uniform(-100, 100), lengths) <= 7
+
+
+def test_system_delta_hand_computed():
+    # median 11 (of 9 10 10 11 11 12 50 100), threshold 22: 50 and 100 straggle, p = 2/8;
+    # Δ = ⌈8 · (2/8) / (6/8)⌉ = ⌈8/3⌉ = 3
+    assert system_delta(8, [10, 12, 11, 9, 50, 11, 10, 100]) == 3
+    # B = 4, p = 1/5: 4 · 1/4 = 1 exactly (no float ceil to 2)
+    assert system_delta(4, [10, 10, 10, 10, 100]) == 1
+    # B = 112 (the simulator's), 10 % stragglers: ⌈112 · 10 / 90⌉ = ⌈12.44⌉ = 13
+    assert system_delta(112, [100] * 90 + [1000] * 10) == 13
+    # at B = 1,792 the same tail gives ⌈1792 / 9⌉ = 200: Δ scales with B
+    assert system_delta(1792, [100] * 90 + [1000] * 10) == 200
+    # no tail (all within 2 x median; "above" is strict), nothing observed yet
+    assert system_delta(8, [10, 15, 20, 19]) == 0
+    assert system_delta(8, [10, 10, 20]) == 0
+    assert system_delta(8, []) is None
+    # the most a tail can be: 2 of 5 above 2 x median 0 -> ⌈8 · 2/3⌉ = 6 (p < 1/2 always: Δ < B)
+    assert system_delta(8, [0, 0, 0, 1, 1]) == 6
+
+
+def test_system_rule_sizes_delta_from_the_window_of_trained_lengths():
+    # W = 2 steps, B = 4: Δ from the lengths of the groups trained in the last two steps
+    ctl = DeltaController(DeltaConfig(init=1, min=0, max=4, window_steps=2, rule="system"), batch_groups=4)
+    assert ctl.value == 1  # init until a step is seen
+    assert ctl.update(0.0, [10, 10, 10, 10]) == 0  # no tail
+    assert ctl.update(0.0, [10, 10, 10, 90]) == 1  # window 10x7, 90: p = 1/8, ⌈4/7⌉ = 1
+    assert ctl.update(0.0, [90, 90, 10, 10]) == 3  # window 10 10 10 90 90 90 10 10: median 10, p = 3/8: ⌈12/5⌉
+    assert ctl.update(0.0, []) == 0  # window 90 90 10 10: median 50, nothing above 100
