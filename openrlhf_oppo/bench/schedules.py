@@ -6,15 +6,32 @@ Each run is a real training run (the baselines are OpenRLHF's own code). With
 `--same-samples` (default) every run gets `--train.full_determinism_enable`: seeded
 requests and prompt order, so all schedules start from the same prompts and tokens.
 
-Per run: step latency is the median wall-clock gap between consecutive steps'
-TensorBoard events after the first `--warmup-steps` (start-up, vLLM's and DeepSpeed's
-first-call compilation: OpenRLHF's sync schedule spends seconds in its second
-generation, once per run); tokens/s is response tokens decoded per second over those steps (timeline);
-`wall` is the whole run, process start-up included. Per schedule every figure is the
-median over repeats with its spread (min–max over repeats); ratios are against the
-first schedule (`sync`) and against the best of OpenRLHF's own modes, with the spread
-of the same ratio taken repeat by repeat. The `oracle` row is the lower bound of the
-OPPO runs' own samples (see `oracle_step_s`). Writes `summary.json`; asserts nothing.
+Per run, over the measured steps (every step after the first `--warmup-steps`: start-up,
+vLLM's and DeepSpeed's first-call compilation; OpenRLHF's sync schedule spends seconds in
+its second generation, once per run), from the TensorBoard events of tag `train/policy_loss`
+(one per PPO step, every schedule):
+  mean step s     mean of the wall-clock gaps between consecutive steps' events: time per
+                  step, what time-to-reward sees (the lead figure);
+  trained tok/s   response tokens trained in those steps / their wall-clock seconds (last
+                  event - first); a step's trained tokens are OpenRLHF's own per-step
+                  `train/rollout/response_length_mean` x `train/rollout/num_samples`, so
+                  decoding that is never trained (carried, dropped, over-sampled) does not count;
+  median step s   median of the same gaps (over-sampling trains two batches per generation:
+                  its gaps are bimodal and their median flatters it);
+  wall s          the whole run, process start-up included;
+  reward          mean of `train/reward` over the run;
+  overlap, idle, deferred  OPPO's `oppo/overlap_fraction`, `oppo/scorer_idle_fraction`,
+                  `oppo/deferred_fraction` (oppo_metrics.jsonl), median over the run's steps.
+Per schedule (`runs`: runs that exited 0 / runs) a figure is "median [min-max]" over its
+repeats, a failed run left out. `x <mode>` is, for every OpenRLHF mode present (sync,
+async, partial, oversample: schedules not run by openrlhf_oppo's entry module), the mode's
+mean step s / this schedule's, taken repeat by repeat (repeat k with repeat k; above 1 =
+this one is faster); `x best` is the same against the OpenRLHF mode with the lowest mean
+step s. `spread` is (max - min) / median of a schedule's mean step s over its repeats: how
+far identical runs land apart (unknown with one repeat). The verdict takes the OPPO
+schedule with the lowest mean step s, its `x sync` and `x best`, and the largest spread
+among it, sync and the best OpenRLHF mode, and says whether each ratio's min - 1 exceeds
+that spread. Writes `summary.json` (`rows`, `verdict`, `runs`); asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,16 +40,35 @@ import argparse
 import json
 import signal
 import statistics
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from openrlhf_oppo import timeline
-from openrlhf_oppo.bench.table import Spread, fmt, spread, table_line
+from openrlhf_oppo.bench.table import Spread, fmt, relative_spread, spread, table_line
 from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
 STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
+# OpenRLHF 0.11.2: BasePPOTrainer._compute_rollout_stats puts these in every step's status
+# (all schedules, OPPO's trainer too: it calls the base train_step), and
+# TensorboardLogger.log_train writes each status key `k` as `train/k`
+LENGTH_TAG = "train/rollout/response_length_mean"  # mean response tokens of the step's trained samples
+SAMPLES_TAG = "train/rollout/num_samples"  # samples trained in the step
 DEFAULT_SCHEDULES = ("sync", "async", "partial", "oversample", "oppo-intra", "oppo-inter", "oppo-fixed", "oppo")
 OPPO_KEYS = ("oppo/overlap_fraction", "oppo/scorer_idle_fraction", "oppo/deferred_fraction")
-FIGURES = ("step_s", "mean_step_s", "tokens_per_s", "wall_s", "reward", *OPPO_KEYS, "oracle_s")
+FIGURES = ("mean_step_s", "trained_tokens_per_s", "median_step_s", "wall_s", "reward", *OPPO_KEYS)
+NONE3: Spread = (None, None, None)
+LEGEND = """\
+runs: runs that exited 0 / runs. Per run, over the steps after warm-up (train/policy_loss events):
+  mean step s    mean wall-clock seconds between consecutive steps' events (time per step)
+  trained tok/s  response tokens trained in those steps (per step: OpenRLHF's train/rollout/response_length_mean
+                 x train/rollout/num_samples) / seconds from the first event to the last
+  median step s  median of the same gaps
+Per schedule each figure is median [min-max] over its repeats (a failed run is left out).
+  x <mode>       that OpenRLHF mode's mean step s / this one's, repeat k with repeat k (above 1 = faster)
+  x best=<mode>  the same against the OpenRLHF mode with the lowest mean step s
+  spread         (max - min) / median of mean step s over repeats: identical runs' spread (- with one repeat)
+  wall s         the whole run, start-up included
+  reward         mean of train/reward over the run; overlap, idle, deferred: OPPO's oppo/overlap_fraction,
+                 oppo/scorer_idle_fraction, oppo/deferred_fraction, median over the run's steps"""
 
 
 def tensorboard_scalars(tb_dir: Path) -> dict[str, list[tuple[float, int, float]]]:
@@ -48,48 +84,31 @@ def tensorboard_scalars(tb_dir: Path) -> dict[str, list[tuple[float, int, float]
     return {tag: sorted(v) for tag, v in out.items()}
 
 
-def oracle_step_s(rows: list[dict], trace: list[dict], step_walls: list[float]) -> list[float]:
-    """Lower bound of each OPPO step (after the first) for the samples it trained:
-    decoding of its trained groups from the step's start (the slowest of them: a group
-    carried in finished earlier and costs nothing) + the reward actors' last scoring
-    call before the batch + the actor's training. Everything else a step spends
-    (driver round trips, experience making, pause/resume, weight sync) is overhead."""
-    finish = {r["sample"]: r["t1"] for r in rows if r["kind"] == "sample" and "sample" in r}
-    generates = timeline.stage_spans(rows, "driver", "generate")
-    starts, ends = [r["t0"] for r in generates], [r["t1"] for r in generates]
-    trains = timeline.stage_spans(rows, "actor", "train")
-    scores = timeline.stage_spans(rows, "reward", "score")
-    out = []
-    for k, row in enumerate(trace[:len(starts)]):
-        if k == 0 or (step_walls and ends[k] < step_walls[0]):
-            continue  # warm-up
-        s0, s1 = starts[k], ends[k]
-        sample_ids = [s["sample_id"] for g in row["trained"] for s in g["samples"]]
-        if any(sid not in finish for sid in sample_ids):
-            continue  # a response of this batch has no span (killed run): no bound
-        decode = max(0.0, max(finish[sid] for sid in sample_ids) - s0)
-        last_score = max((r for r in scores if r["t1"] <= s1 + 1e-3), key=lambda r: r["t1"], default=None)
-        score = last_score["t1"] - last_score["t0"] if last_score and last_score["t1"] >= s0 else 0.0
-        train = next((r["t1"] - r["t0"] for r in trains if r["t0"] >= s1), 0.0)
-        out.append(decode + score + train)
-    return out
+def trained_tokens(scalars: dict[str, list[tuple[float, int, float]]], steps: list[int]) -> float | None:
+    """Response tokens trained in the global `steps`: mean response length x samples, step by
+    step. None when a step lacks either: a partial sum would understate the rate."""
+    length = {step: v for _, step, v in scalars.get(LENGTH_TAG, [])}
+    samples = {step: v for _, step, v in scalars.get(SAMPLES_TAG, [])}
+    if not steps or any(s not in length or s not in samples for s in steps):
+        return None
+    return sum(length[s] * samples[s] for s in steps)
 
 
 def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
     """Per-run figures from a run directory written by `openrlhf-oppo train`; the first
-    `warmup_steps` steps are left out of the step latency and tokens/s."""
+    `warmup_steps` steps are left out (the last of them only marks where the window starts)."""
     scalars = tensorboard_scalars(root / "tensorboard")
-    walls = [w for w, _, _ in scalars.get(STEP_TAG, [])][max(0, warmup_steps - 1):]
+    events = scalars.get(STEP_TAG, [])[max(0, warmup_steps - 1):]
+    walls = [w for w, _, _ in events]
     step_s = [b - a for a, b in zip(walls, walls[1:], strict=False)]
-    rows = timeline.read(root / "timeline") if (root / "timeline").is_dir() else []
-    tokens = sum(r["tokens"] for r in rows
-                 if r["kind"] == "sample" and len(walls) > 1 and walls[0] <= r["t1"] <= walls[-1])
+    tokens = trained_tokens(scalars, [step for _, step, _ in events[1:]])
     summary = {
         "steps": len(scalars.get(STEP_TAG, [])),
         "step_s": step_s,
         "median_step_s": statistics.median(step_s) if step_s else None,
         "mean_step_s": statistics.fmean(step_s) if step_s else None,  # = time per step: what time-to-reward sees
-        "tokens_per_s": tokens / (walls[-1] - walls[0]) if len(walls) > 1 and rows else None,
+        "trained_tokens_per_s": tokens / (walls[-1] - walls[0]) if tokens is not None and walls[-1] > walls[0]
+        else None,
         "reward": statistics.fmean(v for _, _, v in scalars["train/reward"]) if scalars.get("train/reward") else None,
     }
     metrics = root / "oppo_metrics.jsonl"
@@ -98,72 +117,135 @@ def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
         for key in OPPO_KEYS:
             values = [r[key] for r in lines if key in r]
             summary[key] = statistics.median(values) if values else None
-    trace = root / "oppo_trace.jsonl"
-    if trace.exists() and rows:
-        bounds = oracle_step_s(rows, [json.loads(line) for line in trace.read_text().splitlines()], walls)
-        summary["oracle_s"] = statistics.median(bounds) if bounds else None
     return summary
 
 
+def is_openrlhf(schedule: str) -> bool:
+    """One of OpenRLHF's own modes: run by OpenRLHF's entry module, not openrlhf_oppo's."""
+    return not SCHEDULES[schedule].entry_module.startswith("openrlhf_oppo")
+
+
 def _figure(runs: list[dict], key: str) -> Spread:
-    per_run = "median_step_s" if key == "step_s" else key
-    return spread([r[per_run] for r in runs if r.get(per_run) is not None])
+    return spread([r.get(key) for r in runs])
 
 
-def _ratio(base: list[dict], runs: list[dict], key: str = "median_step_s") -> Spread:
-    """base `key` / this schedule's, repeat by repeat (a repeat missing either is left out)."""
-    pairs = [(b.get(key), r.get(key)) for b, r in zip(base, runs, strict=False)]
+def _ratio(base: list[dict], runs: list[dict]) -> Spread:
+    """base's mean step s / this schedule's, repeat by repeat (a repeat missing either is left out)."""
+    pairs = [(b.get("mean_step_s"), r.get("mean_step_s")) for b, r in zip(base, runs, strict=False)]
     return spread([b / r for b, r in pairs if b and r])
 
 
+def _fastest(runs: dict[str, list[dict]], among: list[str]) -> str | None:
+    """The schedule among `among` with the lowest mean step s (median over its repeats)."""
+    return min(among, key=lambda s: _figure(runs[s], "mean_step_s")[0] or float("inf"), default=None)
+
+
 def report(results: dict[str, list[dict]]) -> list[dict]:
-    """One row per schedule (+ `oracle`): every figure as (median, min, max) over repeats."""
-    ok = {s: [r if r["returncode"] == 0 else {} for r in runs] for s, runs in results.items()}
+    """One row per schedule: every figure as (median, min, max) over repeats, its spread and
+    its ratios against every OpenRLHF mode present (`x`, by mode) and the fastest (`x_best`)."""
+    # a failed run leaves a gap ({}) so that repeat k still pairs with repeat k
+    ok = {s: [r if r.get("returncode") == 0 else {} for r in runs] for s, runs in results.items()}
+    modes = [s for s in ok if is_openrlhf(s)]
+    best = _fastest(ok, modes)
     rows = []
     for schedule, runs in ok.items():
-        good = [r for r in runs if r]
-        row = {"schedule": schedule, "runs_ok": f"{len(good)}/{len(runs)}"}
-        row.update({key: _figure(good, key) for key in FIGURES})
+        row = {"schedule": schedule, "openrlhf": schedule in modes, "runs_ok": f"{sum(map(bool, runs))}/{len(runs)}"}
+        row.update({key: _figure(runs, key) for key in FIGURES})
+        row["spread"] = relative_spread(r.get("mean_step_s") for r in runs)
+        row["x"] = {mode: _ratio(ok[mode], runs) for mode in modes}
+        row["x_best"] = _ratio(ok[best], runs) if best else NONE3
+        row["best"] = best
         rows.append(row)
-    first = next(iter(ok), None)
-    # the best of OpenRLHF's own modes by time per step (mean): a mode that trains two
-    # batches per generation (over-sampling) has a bimodal step latency, whose median misleads
-    baselines = [s for s in ok if not SCHEDULES[s].entry_module.startswith("openrlhf_oppo")]
-    best = min(baselines, key=lambda s: _figure([r for r in ok[s] if r], "mean_step_s")[0] or float("inf"),
-               default=None)
-    for row in rows:
-        row["x_first"] = _ratio(ok[first], ok[row["schedule"]])
-        row["x_best"] = _ratio(ok[best], ok[row["schedule"]], "mean_step_s") if best else (None, None, None)
-    # repeat by repeat, a failed oppo run leaving a gap ({}) so that repeats stay paired
-    oracle = [{"median_step_s": r["oracle_s"], "mean_step_s": r["oracle_s"]} if r.get("oracle_s") else {}
-              for r in ok.get("oppo", [])]
-    if any(oracle):
-        rows.append({"schedule": "oracle", "runs_ok": "-", "step_s": _figure([o for o in oracle if o], "step_s"),
-                     "x_first": _ratio(ok[first], oracle),
-                     "x_best": _ratio(ok[best], oracle, "mean_step_s") if best else (None,) * 3,
-                     **{k: (None,) * 3 for k in FIGURES if k != "step_s"}})
-    return [dict(row, first=first, best=best) for row in rows]
+    return rows
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Is the best OPPO schedule faster by more than identical runs differ?
+
+    Attributes:
+        best_oppo: the OPPO schedule with the lowest mean step s (median over repeats).
+        best_openrlhf: the OpenRLHF mode with the lowest mean step s.
+        vs_sync: sync's mean step s / best_oppo's, repeat by repeat, (median, min, max).
+        vs_best: best_openrlhf's mean step s / best_oppo's, the same way.
+        spread: the largest (max - min) / median of mean step s over repeats among best_oppo,
+            sync and best_openrlhf; None (unknown) when one of them has under two repeats.
+        vs_sync_beyond_spread: vs_sync's min - 1 > spread; None when either is unknown.
+        vs_best_beyond_spread: vs_best's min - 1 > spread; None when either is unknown.
+    """
+
+    best_oppo: str | None
+    best_openrlhf: str | None
+    vs_sync: Spread
+    vs_best: Spread
+    spread: float | None
+    vs_sync_beyond_spread: bool | None
+    vs_best_beyond_spread: bool | None
+
+
+def _beyond(ratio: Spread, spread_rel: float | None) -> bool | None:
+    if ratio[1] is None or spread_rel is None:
+        return None
+    return ratio[1] - 1.0 > spread_rel
+
+
+def verdict(rows: list[dict]) -> Verdict:
+    """The verdict of `report`'s rows."""
+    by_name = {r["schedule"]: r for r in rows}
+    oppo = [r["schedule"] for r in rows if not r["openrlhf"]]
+    best_oppo = min(oppo, key=lambda s: by_name[s]["mean_step_s"][0] or float("inf"), default=None)
+    best = rows[0]["best"] if rows else None
+    if best_oppo is None or best is None:
+        return Verdict(best_oppo, best, NONE3, NONE3, None, None, None)
+    row = by_name[best_oppo]
+    vs_sync = row["x"].get("sync", NONE3)
+    compared = {best_oppo, best, *(["sync"] if "sync" in by_name else [])}
+    spreads = [by_name[s]["spread"] for s in sorted(compared)]
+    spread_rel = None if None in spreads else max(spreads)
+    return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
+                   _beyond(vs_sync, spread_rel), _beyond(row["x_best"], spread_rel))
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def print_report(rows: list[dict]) -> None:
-    first, best = rows[0]["first"], rows[0]["best"]
-    cols = [("schedule", 11), ("runs", 5), ("step s", 18), (f"x {first}", 18), ("mean step s", 18), (f"x {best}", 18),
-            ("tok/s", 16), ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
+    best = rows[0]["best"] if rows else None
+    modes = [r["schedule"] for r in rows if r["openrlhf"]]
+    cols = [("schedule", 11), ("runs", 5), ("mean step s", 18), ("trained tok/s", 16),
+            *((f"x {m}", 18) for m in modes), (f"x best={best or '-'}", 18), ("spread", 7), ("median step s", 18),
+            ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
     for r in rows:
-        cells = [r["schedule"], r["runs_ok"], fmt(r["step_s"], ".2f"), fmt(r["x_first"], ".2f"),
-                 fmt(r["mean_step_s"], ".2f"), fmt(r["x_best"], ".2f"), fmt(r["tokens_per_s"], ".0f"),
-                 fmt(r["wall_s"], ".0f"),
+        cells = [r["schedule"], r["runs_ok"], fmt(r["mean_step_s"], ".2f"), fmt(r["trained_tokens_per_s"], ".0f"),
+                 *(fmt(r["x"][m], ".2f") for m in modes), fmt(r["x_best"], ".2f"), _percent(r["spread"]),
+                 fmt(r["median_step_s"], ".2f"), fmt(r["wall_s"], ".0f"),
                  fmt(r["reward"], ".3f", False), fmt(r["oppo/overlap_fraction"], ".2f", False),
                  fmt(r["oppo/scorer_idle_fraction"], ".2f", False), fmt(r["oppo/deferred_fraction"], ".2f", False)]
         print(table_line(cells, widths))
-    print(f"step s: median over repeats of each run's median wall-clock seconds between consecutive steps "
-          f"(warm-up steps left out), [min-max over repeats]; x {first}: its step s / this one's, repeat by repeat "
-          f"(above 1 = faster); mean step s: time per step (over-sampling trains two batches per generation: its "
-          f"median is bimodal); x {best}: mean step s of the fastest of OpenRLHF's own modes / this one's; oracle: "
-          f"the lower "
-          "bound of the oppo runs' own batches (decode of the trained groups + last scoring call + actor training)")
+    print(LEGEND)
+    print_verdict(verdict(rows))
+
+
+def print_verdict(v: Verdict) -> None:
+    if v.best_oppo is None or v.best_openrlhf is None:
+        print("verdict: none (needs an OPPO schedule and an OpenRLHF mode)")
+        return
+    print(f"verdict: best OPPO schedule {v.best_oppo} (lowest mean step s), repeat by repeat, median [min-max]:")
+    for name, ratio, beyond in (("sync", v.vs_sync, v.vs_sync_beyond_spread),
+                                (f"{v.best_openrlhf} (best OpenRLHF)", v.vs_best, v.vs_best_beyond_spread)):
+        if ratio[0] is None:
+            print(f"  x {name}: -")
+            continue
+        judged = ("unknown (spread unknown)" if beyond is None else
+                  "larger than the spread" if beyond else "NOT larger than the spread")
+        print(f"  x {name}: {fmt(ratio, '.2f')}; effect (min - 1) {100 * (ratio[1] - 1):+.0f}%: {judged}")
+    if v.spread is None:
+        print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)")
+    else:
+        print(f"  largest spread between identical runs of these schedules: {_percent(v.spread)}")
 
 
 def stopped(bench: str, run, done: int, total: int, resume: str = "") -> int | None:
@@ -181,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo bench schedules", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/tiny-cpu.yaml", help="YAML run config")
     p.add_argument("--schedules", nargs="+", default=list(DEFAULT_SCHEDULES),
-                   help="schedules to run; ratios are against the first")
+                   help="schedules to run; ratios are against every OpenRLHF mode among them")
     p.add_argument("--repeats", type=int, default=1, help="runs per schedule, interleaved")
     p.add_argument("--output", default="runs/bench-schedules", help="one run directory per schedule and repeat")
     p.add_argument("--same-samples", action=argparse.BooleanOptionalAction, default=True,
@@ -225,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = report(results)
     print_report(rows)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=1))
+    (out / "summary.json").write_text(json.dumps({"rows": rows, "verdict": asdict(verdict(rows)), "runs": results},
+                                                  indent=1))
     print(f"summary: {out / 'summary.json'}")
     return 0 if all(r["returncode"] == 0 for runs in results.values() for r in runs) else 1
 

@@ -1,5 +1,5 @@
-"""The benches' printed tables: a figure over repeats or seeds as (median, min, max) and
-its cell, shared by `bench schedules`, `bench convergence` and its final evaluation."""
+"""The benches' printed tables: a figure over repeats or seeds as (median, min, max), its
+relative spread and its cell, shared by `bench schedules`, `bench convergence` and its final evaluation."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ def spread(values: Iterable[float | None]) -> Spread:
     """(median, min, max) of the values that are not None; Nones when there is none."""
     present = [v for v in values if v is not None]
     return (statistics.median(present), min(present), max(present)) if present else (None, None, None)
+
+
+def relative_spread(values: Iterable[float | None]) -> float | None:
+    """(max - min) / median of the values that are not None: how far identical runs land
+    apart. None with fewer than two values, where the spread is unknown (not zero)."""
+    present = [v for v in values if v is not None]
+    if len(present) < 2:
+        return None
+    return (max(present) - min(present)) / statistics.median(present)
 
 
 def fmt(fig: Spread, spec: str, show_range: bool = True) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from openrlhf_oppo.bench import schedules as bench_schedules
@@ -39,12 +39,22 @@ def run_all(cfg: SimConfig, schedules: tuple[str, ...] = SCHEDULE_NAMES) -> Simu
     return Simulated(cfg, runs, summaries)
 
 
+def trained_tokens_per_s(result: RunResult, warmup_steps: int) -> float | None:
+    """Response tokens trained per second over the window `bench schedules` measures: the
+    steps after warm-up, from the last warm-up step's end to the last step's end."""
+    steps = result.steps[max(0, warmup_steps - 1):]
+    if len(steps) < 2 or steps[-1].train_end_s <= steps[0].train_end_s:
+        return None
+    return sum(s.tokens for s in steps[1:]) / (steps[-1].train_end_s - steps[0].train_end_s)
+
+
 def bench_rows(sim: Simulated) -> list[dict]:
     """Rows of `bench schedules`' table."""
     results = {}
+    warmup = sim.cfg.workload.warmup_steps
     for s, sums in sim.summaries.items():
         results[s] = [{"returncode": 0, "median_step_s": x["median_step_s"], "mean_step_s": x["mean_step_s"],
-                       "tokens_per_s": x["tokens_per_s"], "wall_s": r.steps[-1].train_end_s,
+                       "trained_tokens_per_s": trained_tokens_per_s(r, warmup), "wall_s": r.steps[-1].train_end_s,
                        "oppo/deferred_fraction": x["deferred"] if s not in BASELINES else None,
                        "oppo/scorer_idle_fraction": 1.0 - x["util"]["reward"] if s not in BASELINES else None}
                       for x, r in zip(sums, sim.runs[s])]
@@ -118,10 +128,11 @@ def write_outputs(sim: Simulated, out: Path, plot_schedules: tuple[str, ...] = (
     from openrlhf_oppo.bench import plot
 
     out.mkdir(parents=True, exist_ok=True)
+    rows = bench_rows(sim)
     for s, rs in sim.runs.items():
         write_timeline(rs[0], out / s)
     (out / "summary.json").write_text(json.dumps(
-        {"preset": sim.cfg.name, "rows": bench_rows(sim),
+        {"preset": sim.cfg.name, "rows": rows, "verdict": asdict(bench_schedules.verdict(rows)),
          "calibration": calibration_rows(sim) if sim.cfg.paper.both and "sync" in sim.runs else None}, indent=1,
         default=str))
     first = sim.cfg.workload.warmup_steps
