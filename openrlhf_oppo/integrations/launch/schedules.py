@@ -7,6 +7,9 @@
                 the extra prompts are generated to completion and queued
     oppo        OPPO: chunks streamed into the reward model while the actor decodes
                 (intra-step) and B+Δ groups admitted, first B trained, rest carried (inter-step)
+    oppo-async  OPPO with async admission (--oppo.staleness.max_policy_lag 2): the next step's
+                groups are admitted as the trainer takes a batch and decode while it trains
+    oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
     oppo-off    OPPO with Δ = 0 and streaming off: synchronous PPO through OPPO's machinery
                 (what it costs when there is nothing to overlap)
     oppo-fixed  OPPO with Δ fixed at delta.init (first B of B+Δ with a constant pool, as
@@ -62,6 +65,10 @@ SCHEDULES: dict[str, Schedule] = {
             {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
         ),
         Schedule("oppo", "OPPO intra- and inter-step overlap", entry_module=OPPO_ENTRY, oppo={}),
+        Schedule("oppo-async", "OPPO with async admission (max_policy_lag 2): the next B+Δ decode while "
+                 "the trainer trains", entry_module=OPPO_ENTRY, oppo={"staleness": {"max_policy_lag": 2}}),
+        Schedule("oppo-eq4", "OPPO with the paper's eq. 4 Δ rule (reward slope)", entry_module=OPPO_ENTRY,
+                 oppo={"delta": {"rule": "eq4"}}),
         Schedule("oppo-off", "OPPO with Δ = 0 and streaming off: its machinery, nothing to overlap",
                  entry_module=OPPO_ENTRY, oppo={"delta": {"enable": False}, "streaming": {"enable": False}}),
         Schedule("oppo-fixed", "OPPO with a fixed Δ = delta.init (first B of B+Δ, as a saturated pool)",
