@@ -1,4 +1,5 @@
-"""Forming a training batch: complete groups leave the in-flight record as `TrainGroup` messages.
+"""Forming a training batch: which groups it must hold, and complete groups leaving the
+in-flight record as `TrainGroup` messages.
 
 Sample token and logprob lists are handed over, not copied: the samples leave the
 scheduler here. Each trained group adds a ledger row (`openrlhf_oppo.core.ledger`).
@@ -9,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from openrlhf_oppo.core.records import InFlight
+from openrlhf_oppo.config import StalenessConfig
+from openrlhf_oppo.core.records import InFlight, Sample
 from openrlhf_oppo.core.types import (
     DEFERRAL_BUCKETS,
     LAG_BUCKETS,
@@ -62,6 +64,25 @@ def take_groups(flight: InFlight, group_ids: Sequence[int], step: int, kept_kv: 
     flight.trained_tokens_total += tokens
     flight.offpolicy_tokens_total += offpolicy
     return TrainBatch(step, tuple(groups), offpolicy / tokens if tokens else 0.0, lag_tokens, stale_kv, tokens)
+
+
+def forced_groups(flight: InFlight, step: int, staleness: StalenessConfig) -> frozenset[int]:
+    """Groups the batch of ``step`` must train: carried ``max_deferral_steps`` times, or
+    (``max_policy_lag`` N >= 1) holding a token that would be more than N versions old at
+    step + 1. Under async admission ``begin_step(step)`` runs before the weight sync that
+    makes version ``step``, so a sample without tokens yet gets version >= step - 1."""
+    max_deferrals, lag = staleness.max_deferral_steps, staleness.max_policy_lag
+    forced = [g.group_id for g in flight.groups.values() if g.deferrals >= max_deferrals]
+    if lag:
+        samples, now = flight.samples, max(0, step - 1)
+        forced += (g.group_id for g in flight.groups.values()
+                   if step + 1 - min(_first_version(samples[sid], now) for sid in g.sample_ids) > lag)
+    return frozenset(forced)
+
+
+def _first_version(s: Sample, default: int) -> int:
+    """Policy version of the sample's first token (``default`` while it has none)."""
+    return s.version_runs[0][1] if s.version_runs else default
 
 
 def deferral_histogram(batch: TrainBatch) -> dict[str, int]:

@@ -38,7 +38,7 @@ from typing import Any
 
 from openrlhf_oppo.config import OppoConfig
 from openrlhf_oppo.core import checkpoint, validate
-from openrlhf_oppo.core.batch import deferral_histogram, take_groups
+from openrlhf_oppo.core.batch import deferral_histogram, forced_groups, take_groups
 from openrlhf_oppo.core.chunks import resend_chunks, restream_chunks, token_slice
 from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.ledger import LEDGER_FIELDS
@@ -48,11 +48,6 @@ from openrlhf_oppo.core.types import FINISH_REASONS, ChunkReady, StepPlan, StepR
 # Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
 # tens of thousands are made per step.
 _new_tuple = tuple.__new__
-
-
-def _first_version(s: Sample, default: int) -> int:
-    """Policy version of the sample's first token (``default`` while it has none)."""
-    return s.version_runs[0][1] if s.version_runs else default
 
 
 class OverlapScheduler:
@@ -123,7 +118,7 @@ class OverlapScheduler:
         admit = flight.admit(step, count, self.samples_per_group)
         self._admitted_this_step = len(admit)
         self._step_batch_groups = min(self.batch_groups, len(flight.groups))
-        self._must_finish = self._forced(step)
+        self._must_finish = forced_groups(flight, step, self.config.staleness)
         restream = restream_chunks(flight, self._chunk_size, self._stream) if flight.needs_restream else ()
         return StepPlan(
             step=step,
@@ -134,20 +129,6 @@ class OverlapScheduler:
             carried=carried,
             restream=restream,
         )
-
-    def _forced(self, step: int) -> frozenset[int]:
-        """Groups the batch of ``step`` must train: carried ``max_deferral_steps`` times, or
-        (``max_policy_lag`` N >= 1) holding a token that would be more than N versions old
-        at step + 1. Under async admission ``begin_step(step)`` runs before the weight sync
-        that makes version ``step``, so a sample without tokens yet gets version >= step - 1."""
-        staleness = self.config.staleness
-        max_deferrals, lag = staleness.max_deferral_steps, staleness.max_policy_lag
-        forced = [g.group_id for g in self._flight.groups.values() if g.deferrals >= max_deferrals]
-        if lag:
-            samples, now = self._flight.samples, max(0, step - 1)
-            forced += (g.group_id for g in self._flight.groups.values()
-                       if step + 1 - min(_first_version(samples[sid], now) for sid in g.sample_ids) > lag)
-        return frozenset(forced)
 
     def on_tokens(
         self,

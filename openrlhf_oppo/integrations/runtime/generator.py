@@ -11,6 +11,10 @@ decision:
               reward actors' acks -> on_scored_many; finished -> last chunk -> score
     batch     take_batch: the first B complete groups -> OpenRLHF Experiences with
               the streamed rewards (so OpenRLHF skips its own reward forward)
+    early     with --oppo.staleness.max_policy_lag N >= 1 (async admission): end_step and the
+              next begin_step run as the batch is taken, so the next step's groups decode
+              while the trainer trains (the scheduler forces a group into a batch before any
+              of its tokens would be more than N versions behind)
     carry     end_step: unfinished groups keep decoding through training; the
               trainer's weight sync pauses them (`pause_generation(mode="keep")`, KV cache
               kept unless --oppo.staleness.keep_kv_cache false)
@@ -78,7 +82,11 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.batch_order: list[int] | None = None  # its sample ids in the order its experiences were handed over
         self.trace_path = run_env.path(run_env.TRACE_JSONL)
         self.ledger = RunLedger()
-        self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted this step
+        self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted since the last step event
+        self.async_admission = oppo.staleness.max_policy_lag >= 1
+        self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
+        self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
+        self.last_mean_reward = 0.0  # async: the Δ controller's reward when the step ends before training
 
     # ------------------------------------------------------------------ a step
 
@@ -93,35 +101,59 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     def _generate_step(self, generate_kwargs):
         self.meter.start_step()
+        self.engines.begin_step(self.step)
+        self.rewards.begin_step(self.step)
         if not self.ledger.started:  # after any checkpoint load: the run (re)starts here
             self.ledger.start(self.step - 1, list(self.scheduler.in_flight_groups), self.scheduler.next_prompt_index,
                               len(self.prompts_dataloader))
         # One pass over the prompts is one OpenRLHF episode: no prompt of the next pass is
         # admitted before every prompt of this one is trained, and the step that trains the
         # pass's last groups ends the episode (OpenRLHF's step count and LR schedule hold).
-        per_pass = len(self.prompts_dataloader)
         position = self.scheduler.next_prompt_index
-        if self.needs_restart and not self.scheduler.in_flight_groups and position and position % per_pass == 0:
+        if self.early is not None:  # begun when the previous batch was taken: its groups are decoding
+            (plan, boundary), self.early = self.early, None
+            admitted = 0  # counted by the call that admitted them
+        elif self.needs_restart and not self.scheduler.in_flight_groups and position and position % self._per_pass == 0:
             # resumed from the checkpoint of a pass's last step: that episode is over (OpenRLHF's own
             # resumed dataloader is exhausted too); the next episode's call admits the next pass
             self.needs_restart = False
             return [], None, 0, True
-        boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
-        plan = self.scheduler.begin_step(self.step, admit_until=boundary)
-        self.engines.begin_step(self.step)
-        self.rewards.begin_step(self.step)
-        self._admit(plan, generate_kwargs)
-        self.rewards.dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
+        else:
+            plan, boundary = self._begin(self.step, generate_kwargs)
+            admitted = len(plan.admit)
         batch, generated = self._stream_until_batch(plan.chunk_size_tokens if self.streaming else NO_CHUNKS)
         self.meter.end_generation(generated)
         self.open_batch = batch
         exhausted = self.scheduler.oldest_prompt_index >= boundary  # the batch held the pass's last groups
-        return self._build_experiences(batch, generate_kwargs), None, len(plan.admit), exhausted
+        experiences = self._build_experiences(batch, generate_kwargs)
+        if self.async_admission:
+            # the step ends now (Δ sees the last reward known) and the next begins while the trainer
+            # trains; not across a pass's end: the next pass's prompts wait for OpenRLHF's next episode
+            self.report = self._adapt(self.last_mean_reward)
+            if not exhausted:
+                self.early = self._begin(self.step + 1, generate_kwargs)
+                admitted += len(self.early[0].admit)
+        return experiences, None, admitted, exhausted
+
+    @property
+    def _per_pass(self) -> int:
+        return len(self.prompts_dataloader)
+
+    def _begin(self, step: int, generate_kwargs) -> tuple[StepPlan, int]:
+        """Begin `step` in the scheduler and start its plan; returns it with the end of the pass
+        (prompt position) it admits up to."""
+        per_pass = self._per_pass
+        boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
+        plan = self.scheduler.begin_step(step, admit_until=boundary)
+        self._admit(plan, generate_kwargs, step)
+        self.rewards.dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
+        return plan, boundary
 
     def finish_step(self, mean_reward: float) -> dict[str, float]:
         """Close the step with the trained batch's mean reward (feeds Δ); returns `oppo/*` metrics."""
         batch, self.open_batch, self.batch_order = self.open_batch, None, None
-        report = self._adapt(mean_reward)
+        report, self.report = self.report or self._adapt(mean_reward), None
+        self.last_mean_reward = mean_reward
         metrics = self.meter.metrics(report, self.step, self.rewards.restarts_this_step,
                                      self.engines.aborted_this_step)
         self._finalize(batch, report)
@@ -131,12 +163,11 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     # ------------------------------------------------------------------ admit
 
-    def _admit(self, plan: StepPlan, generate_kwargs) -> None:
+    def _admit(self, plan: StepPlan, generate_kwargs, step: int) -> None:
         """Start the plan's new groups (and, after a checkpoint load, the held ones):
         each sample on its engine and, when streaming, opened on its reward actor."""
         self.sampling_params = openrlhf_executor.sampling_params(generate_kwargs, self.record_logprobs)
         self.prompts.set_limits(self.sampling_params.max_tokens, generate_kwargs.get("max_len", 2048))
-        self.step_admitted = []
         starts: list[tuple[int, SampleRequest]] = []  # (group id, request)
         opens: dict[int, list[int]] = {}  # sample id -> prompt ids
         for slot, group in enumerate(plan.admit):
@@ -146,7 +177,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.engines.place(gid)
             for j, sid in enumerate(group.sample_ids):
                 opens[sid] = ids
-                starts.append((gid, self.prompts.request(gid, sid, [], self._seed(slot, prompt, j))))
+                starts.append((gid, self.prompts.request(gid, sid, [], self._seed(step, slot, prompt, j))))
         if self.needs_restart:
             # engines and reward actors hold nothing: reopen every held sample (`plan.restream`
             # re-sends its tokens) and restart the unfinished ones after the tokens they had
@@ -158,17 +189,17 @@ class OppoSamplesGenerator(SamplesGenerator):
                     opens[sid] = ids
                     if not self.scheduler.is_finished(sid):  # a finished one has nothing to decode
                         held = self.scheduler.held_tokens(sid)
-                        starts.append((gid, self.prompts.request(gid, sid, held, self._seed(slot, prompt, j))))
+                        starts.append((gid, self.prompts.request(gid, sid, held, self._seed(step, slot, prompt, j))))
         self.rewards.open(opens)
         self.engines.start(starts, self.sampling_params)
         self.rewards.confirm_opened()
 
-    def _seed(self, slot: int, prompt: str, sample_index: int) -> int | None:
+    def _seed(self, step: int, slot: int, prompt: str, sample_index: int) -> int | None:
         """vLLM seed of a request started now (`--train.full_determinism_enable`), as
         OpenRLHF's schedules seed theirs (integrations.runtime.seeding); None: engine RNG."""
         if not self.args.train.full_determinism_enable:
             return None
-        return request_seed(self.args.train.seed, self.step, slot, prompt, sample_index)
+        return request_seed(self.args.train.seed, step, slot, prompt, sample_index)
 
     # ------------------------------------------------------------------ generate + stream
 
@@ -251,8 +282,11 @@ class OppoSamplesGenerator(SamplesGenerator):
             rewards = ({sid: r["reward"] for sid, r in self.rule_rewards.items()} if self.reward_mode == "rule"
                        else self.rewards.scores)
             write_trace(self.trace_path, self.scheduler, batch, report, self.prompts.by_group, rewards)
+        # held: in flight now (async admission: with the next step's groups, admitted at the batch)
         self.ledger.event("step", step=report.step, admitted=self.step_admitted,
-                           trained=[[g.group_id, g.deferrals] for g in batch.groups], held=list(report.carried_groups))
+                           trained=[[g.group_id, g.deferrals] for g in batch.groups],
+                           held=list(self.scheduler.in_flight_groups))
+        self.step_admitted = []
         for g in batch.groups:  # trained: nothing of it is needed again
             del self.prompts.by_group[g.group_id]
             sample_ids = [s.sample_id for s in g.samples]

@@ -42,6 +42,7 @@ from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime import faults, guards
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
+from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.reward_dispatch import REWARD, RewardDispatcher
 from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
 from openrlhf_oppo.integrations.runtime.run_config import config_from_env, reward_mode
@@ -50,6 +51,7 @@ from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 STATE_KEY = "oppo_generator"
+log = get_logger(__name__)
 
 class StopRequested(RuntimeError):
     """The launcher was asked to stop (SIGTERM/SIGINT): the step ended and a checkpoint was written."""
@@ -65,6 +67,12 @@ def build_samples_generator(base, reward_group) -> OppoSamplesGenerator:
     actors = list(reward_group._actor_handlers) if streaming and reward_group is not None else []
     if streaming and not actors:
         raise RuntimeError("OPPO streams rewards but OpenRLHF built no reward group (see oppo_trainer.patch_driver)")
+    lag = oppo.staleness.max_policy_lag
+    if lag and args.train.colocate_all:
+        log.warning("OPPO: --oppo.staleness.max_policy_lag %d with --train.colocate_all: the vLLM engines share the "
+                    "training GPUs, so the groups admitted at each batch decode beside the update, not on idle "
+                    "GPUs (little to gain, memory shared); async admission is for vLLM on its own GPUs "
+                    "(drop --train.colocate_all)", lag)
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
                                  samples_per_group=args.rollout.n_samples_per_prompt,
                                  scorers=(REWARD,) if streaming else ())

@@ -86,11 +86,12 @@ def make_delta(sample_id: int, tokens: list[int], version: int = 0, finish: str 
     return SampleDelta(sample_id, array("i", tokens), None, version, finish, time_s, error=error)
 
 
-def make_config(delta: int = 0, chunk: int = 4, stream: bool = True, max_deferral: int = 3) -> OppoConfig:
+def make_config(delta: int = 0, chunk: int = 4, stream: bool = True, max_deferral: int = 3,
+                max_lag: int = 0) -> OppoConfig:
     return OppoConfig(
         delta=DeltaConfig(enable=True, init=delta, min=0, max=max(delta, 1), adaptive=False),
         chunk=ChunkConfig(size_tokens=chunk),
-        staleness=StalenessConfig(max_deferral_steps=max_deferral),
+        staleness=StalenessConfig(max_deferral_steps=max_deferral, max_policy_lag=max_lag),
         streaming=StreamingConfig(enable=stream),
     )
 

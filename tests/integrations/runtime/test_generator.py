@@ -124,9 +124,10 @@ def group1_is_slow(sid: int) -> int:
     return 3 if sid in (2, 3) else 2
 
 
-def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS)):
+def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag: int = 0):
     args = fakes.make_args(B=B, n=N)
-    scheduler = OverlapScheduler(fakes.make_config(delta=DELTA, chunk=2), batch_groups=B, samples_per_group=N,
+    scheduler = OverlapScheduler(fakes.make_config(delta=DELTA, chunk=2, max_lag=max_lag), batch_groups=B,
+                                 samples_per_group=N,
                                  scorers=(REWARD,))
     # OpenRLHF's prompt dataloader: (indices, prompts, labels, images) batches of one
     loader = Loader([(None, [p], [f"label {p}"], [None]) for p in prompts], per_pass)
@@ -204,3 +205,33 @@ def test_a_resumed_run_restarts_carried_samples_from_their_recorded_tokens(fakes
     restream = [ch for ch in resumed.rewards.dispatched if ch.sample_id in (2, 3)][:2]
     assert [(ch.sample_id, ch.start, ch.end) for ch in restream] == [(2, 0, 2), (3, 0, 2)]  # held tokens re-scored
     assert step.order == [2, 3, 6, 7] and response_tokens(step.experiences[0]) == [20, 21, 22]
+
+
+def test_async_admission_starts_the_next_steps_groups_before_the_update(fakes, tmp_path):
+    gen = make_generator(fakes, max_lag=2)
+    gen.ledger.path = str(tmp_path / "ledger.jsonl")
+    experiences, _, admitted, _ = gen.generate_samples(**GENERATE_KWARGS)
+    # the batch is taken: step 1 already began and its new groups 3 and 4 were started, before any update
+    assert gen.batch_sample_ids == [0, 1, 4, 5] and admitted == 3 + 2
+    assert [sid for sid, _ in gen.engines.started] == list(range(10)) and gen.engines.version == 0
+    assert gen.scheduler.in_flight_groups == (1, 3, 4)
+    gen.pause_for_weight_sync()
+    gen.resume_after_weight_sync()
+    metrics = gen.finish_step(2.5)
+    assert metrics["oppo/trained_groups"] == 2.0 and metrics["oppo/lag_tokens/0"] == 8.0
+    events = [json.loads(line) for line in open(gen.ledger.path)]
+    assert events[-1]["admitted"] == [[g, g, events[-1]["admitted"][g][2]] for g in range(5)]
+    assert events[-1]["held"] == [1, 3, 4]  # with the groups admitted at the batch
+    state = json.loads(json.dumps(gen.state_dict()))  # a checkpoint in step 1, before its batch
+    step = run_step(gen)
+    assert step.admitted == 1  # group 5 (the pass's last prompt), admitted at step 1's batch
+    carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
+    assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
+    assert step.metrics["oppo/lag_tokens/1"] == 4.0  # group 1's tokens of version 0, trained at step 1
+
+    resumed = make_generator(fakes, prompts=PROMPTS[5:], max_lag=2)
+    resumed.load_state_dict(state)
+    resumed.resume_after_weight_sync()
+    again = run_step(resumed)
+    assert again.admitted == 1 and again.order == step.order  # the resumed step 1 admitted nothing again
+    assert resumed.scheduler.admitted_groups_total == gen.scheduler.admitted_groups_total == 6
