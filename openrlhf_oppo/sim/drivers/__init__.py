@@ -17,7 +17,7 @@ from openrlhf_oppo.sim.presets import SimConfig
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 BASELINES = ("sync", "async", "partial", "oversample")
-OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo")
+OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo", "oppo-async", "oppo-eq4")
 SCHEDULE_NAMES = BASELINES + OPPO_SCHEDULES
 
 
