@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import time
 from pathlib import Path
 
-from openrlhf_oppo.sim import presets, report
+from openrlhf_oppo.sim import drivers, presets, report
 from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
 
 SWEEP_SCHEDULES = ("sync", "oppo-intra", "oppo-inter", "oppo")
@@ -58,6 +59,7 @@ def main(argv: list[str]) -> int:
     else:
         sim = report.run_all(base, schedules)
         report.print_tables(sim)
+        _print_staleness(sim)
         if base.paper.both and {"sync", "oppo-intra", "oppo-inter", "oppo"} <= set(schedules):
             report.print_calibration(sim)
         print(f"simulated in {time.perf_counter() - t0:.1f} s")
@@ -67,6 +69,26 @@ def main(argv: list[str]) -> int:
             report.write_outputs(sim, out, plot_schedules=())
         print(f"timelines and summary: {out}")
     return 0
+
+
+def _print_staleness(sim: report.Simulated) -> None:
+    """OPPO schedules: how off-policy the trained tokens were and which Δ the rule chose."""
+    w = sim.cfg.workload
+    rows = [(s, [drivers.staleness(r, w.warmup_steps) for r in rs]) for s, rs in sim.runs.items()]
+    rows = [(s, st) for s, st in rows if st[0] is not None]
+    if not rows:
+        return
+    print()
+    lags = " ".join(f"{'lag ' + b:>6}" for b in ("0", "1", "2", "3+"))
+    print(f"{'schedule':<11} {lags} {'stale kv':>8}  delta (measured steps)")
+    for s, st in rows:
+        share = {b: statistics.median(x["lag_share"][b] for x in st) for b in ("0", "1", "2", "3+")}
+        deltas = st[0]["delta"]
+        print(f"{s:<11} " + " ".join(f"{share[b]:>6.2f}" for b in share)
+              + f" {statistics.median(x['stale_kv'] for x in st):>8.2f}  "
+              + f"{min(deltas)}-{max(deltas)} (median {statistics.median(deltas):g}; seed {sim.runs[s][0].seed})")
+    print("lag b: share of trained response tokens decoded by weights b versions older than those trained "
+          "(median over seeds); stale kv: share decoded on KV cached by older weights")
 
 
 def _can_plot() -> bool:

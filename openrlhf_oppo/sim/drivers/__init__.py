@@ -1,8 +1,8 @@
 """The schedules, each a driver of the simulated cluster (`openrlhf_oppo.sim.world`).
 
 OpenRLHF's own modes (`sync`, `async`, `partial`, `oversample`, in `drivers.openrlhf`) are
-modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-fixed`, `oppo-intra`,
-`oppo-inter`, in `drivers.oppo`) are driven by the real `OverlapScheduler`. `simulate` runs
+modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-async`, `oppo-eq4`,
+`oppo-fixed`, `oppo-intra`, `oppo-inter`, in `drivers.oppo`) are driven by the real `OverlapScheduler`. `simulate` runs
 one schedule; `summarize` measures a run.
 """
 
@@ -12,12 +12,12 @@ import statistics
 
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.drivers.openrlhf import AsyncDriver, SyncDriver
-from openrlhf_oppo.sim.drivers.oppo import OppoDriver
+from openrlhf_oppo.sim.drivers.oppo import OppoDriver, OppoRunResult
 from openrlhf_oppo.sim.presets import SimConfig
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 BASELINES = ("sync", "async", "partial", "oversample")
-OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo")
+OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo", "oppo-async", "oppo-eq4")
 SCHEDULE_NAMES = BASELINES + OPPO_SCHEDULES
 
 
@@ -50,6 +50,18 @@ def summarize(result: RunResult, warmup_steps: int) -> dict:
             "deferred": statistics.fmean(deferred) if deferred else 0.0}
 
 
+def staleness(result: RunResult, warmup_steps: int) -> dict | None:
+    """An OPPO run's trained tokens by policy lag (shares of buckets "0", "1", "2", "3+") and the Δ
+    in force at each measured step; None for OpenRLHF's schedules (the core does not see them)."""
+    if not isinstance(result, OppoRunResult):
+        return None
+    reports = result.reports[warmup_steps:]
+    lag = {b: sum(r.lag_tokens.get(b, 0) for r in reports) for b in ("0", "1", "2", "3+")}
+    total = sum(lag.values()) or 1
+    return {"lag_share": {b: n / total for b, n in lag.items()}, "delta": [r.delta for r in reports],
+            "stale_kv": statistics.fmean(r.stale_kv_token_fraction for r in reports) if reports else 0.0}
+
+
 def _covered(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:
     """Device-seconds busy within [t0, t1] (intervals of different devices add up)."""
     return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
@@ -61,11 +73,13 @@ __all__ = [
     "SCHEDULE_NAMES",
     "AsyncDriver",
     "OppoDriver",
+    "OppoRunResult",
     "RunResult",
     "StepRecord",
     "SyncDriver",
     "World",
     "simulate",
+    "staleness",
     "step_latencies_s",
     "summarize",
 ]

@@ -1,13 +1,33 @@
-"""OPPO's schedules (`oppo`, `oppo-fixed`, `oppo-intra`, `oppo-inter`) as a driver of the
-simulated world. The real `OverlapScheduler` decides; the driver only turns engine and
-scorer events into scheduler calls and executes its plans, as the Ray adapter does."""
+"""OPPO's schedules (`oppo`, `oppo-async`, `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`)
+as a driver of the simulated world. The real `OverlapScheduler` decides; the driver only turns
+engine and scorer events into scheduler calls and executes its plans, as the Ray adapter does.
+
+Async admission (`staleness.max_policy_lag` N >= 1, the `oppo-async` schedule)::
+
+    sync admission   engines  ==== step t ====|           (carried only) |== step t+1 ==
+                     train                    [exp][train][sync]
+    async admission  engines  ==== step t ====|== step t+1 (version t) ==|== (version t+1)
+                     train                    [exp][train][sync]
+                                              ^ take_batch(t), end_step(t), begin_step(t+1)
+
+Tokens decoded before the weight sync after training step t are stamped version t (one
+version behind step t+1's weights); the core forces into a batch any group that would
+exceed N, and the driver follows its plan. Where the engines and the trainer share devices
+(`split.colocate`) the world pauses the engines while the trainer works and during the sync,
+so the groups admitted early wait: they start decoding after the sync, with the new weights,
+and async admission changes when groups are admitted (and bounds their lag), not the
+timeline. On a shared host (`cpu-longtail`, not colocated) they decode during training, both
+slowed by the `*_slowdown_shared` factors.
+"""
 
 from __future__ import annotations
 
 from array import array
+from dataclasses import dataclass, field
 
 from openrlhf_oppo import config as oppo_config_module
 from openrlhf_oppo.core import OverlapScheduler, StepStats
+from openrlhf_oppo.core.types import StepPlan, StepReport, TrainBatch
 from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
@@ -23,6 +43,13 @@ def _tokens(count: int) -> array:
     return array("i", bytes(4 * count))
 
 
+@dataclass
+class OppoRunResult(RunResult):
+    """A run of an OPPO schedule, with what the scheduler reported for each trained step."""
+
+    reports: list[StepReport] = field(default_factory=list)  # end_step's report, one per trained step
+
+
 class OppoDriver(World):
     """OPPO: the real OverlapScheduler decides admission, chunks, the batch, carry-over, Δ and C."""
 
@@ -36,39 +63,50 @@ class OppoDriver(World):
         w = cfg.workload
         self.sched = OverlapScheduler(oppo, batch_groups=w.batch_groups, samples_per_group=w.samples_per_group)
         self.streaming = bool(self.sched.scorers)
+        self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.reqs: dict[int, Request] = {}
-        self.step = 0
-        self.generating = False
-        self.step_start_s = 0.0
-        self.decoded_at_start = 0
+        self.step = 0  # the open step (under async admission: begun while the trainer trains the one before)
+        self.waiting = False  # the trainer waits for the open step's batch (take_batch may run)
+        self.admit_s = 0.0  # the open step began: its groups were admitted (the C controller's window)
+        self.wait_start_s = 0.0  # the trainer began waiting for the open step's batch
+        self.decoded_at_admit = 0
+        self.reports: list[StepReport] = []
 
-    def run(self) -> RunResult:
-        self.loop.at(0.0, self.begin)
+    def run(self) -> OppoRunResult:
+        self.loop.at(0.0, self.first_step)
         self.loop.run(lambda: len(self.records) >= self.cfg.workload.steps)
-        res = self.result(self.name)
-        res.admitted_groups = self.sched.admitted_groups_total
-        res.held_groups = self.sched.in_flight_groups
-        res.trained_group_ids = [row[0] for row in self.sched.ledger]
-        return res
+        fields = {**vars(self.result(self.name)), "admitted_groups": self.sched.admitted_groups_total,
+                  "held_groups": self.sched.in_flight_groups,
+                  "trained_group_ids": [row[0] for row in self.sched.ledger]}
+        return OppoRunResult(**fields, reports=self.reports)
 
-    # a step's phases: admit, generate + stream, batch, train, sync, adapt
+    # a step's phases: admit, generate + stream, batch, (async: admit the next) train, sync, adapt
 
-    def begin(self) -> None:
-        now = self.loop.now_s
+    def first_step(self) -> None:
+        self.admit(self.loop.now_s)
+        self.wait_for_batch()
+
+    def admit(self, now_s: float) -> StepPlan:
+        """begin_step: C for the step, the new groups start on the engines."""
         plan = self.sched.begin_step(self.step)
-        self.step_start_s = now
-        self.decoded_at_start = self.rollout.decoded_tokens
+        self.admit_s = now_s
+        self.decoded_at_admit = self.rollout.decoded_tokens
         self.rollout.chunk_tokens = plan.chunk_size_tokens if self.streaming else 0
-        self.flush(now)  # carried tokens meet this step's C
+        self.flush(now_s)  # carried tokens meet this step's C
         groups = [self.requests(g.prompt_index, g.sample_ids) for g in plan.admit]
         for g in groups:
             for r in g:
                 self.reqs[r.sample_id] = r
-        self.generating = True
-        self.rollout.replan(now)
-        start = now + self.costs.generate_overhead_s
+        self.rollout.replan(now_s)
+        start = now_s + self.costs.generate_overhead_s
         self.loop.at(start, self.rollout.admit, groups, start)
-        self.check_batch(now)
+        return plan
+
+    def wait_for_batch(self) -> None:
+        """The trainer is free: the open step's batch may be taken (now, or at a later event)."""
+        self.waiting = True
+        self.wait_start_s = self.loop.now_s
+        self.check_batch(self.loop.now_s)
 
     def on_progress(self, engine: int, crossed: list[Request], finished: list[Request], now_s: float) -> None:
         chunks = self.report(crossed + finished, finished)
@@ -103,33 +141,46 @@ class OppoDriver(World):
         self.check_batch(now_s)
 
     def check_batch(self, now_s: float) -> None:
-        if not self.generating:
+        if not self.waiting:
             return
         batch = self.sched.take_batch()
         if batch is not None:
-            self.generating = False
+            self.waiting = False
             self.batch_ready(now_s, batch)
 
-    def batch_ready(self, now_s: float, batch) -> None:
-        self.recorder.span("driver", 0, "generate", self.step_start_s, now_s)
-        generated = self.rollout.decoded_tokens - self.decoded_at_start
-        gen_s = now_s - self.step_start_s
+    def batch_ready(self, now_s: float, batch: TrainBatch) -> None:
+        self.recorder.span("driver", 0, "generate", self.wait_start_s, now_s)
         samples = [s for g in batch.groups for s in g.samples]
-        lengths = [s.num_tokens for s in samples]
         for s in samples:
             del self.reqs[s.sample_id]
         self.flush(now_s)
+        stats = StepStats(self.mean_reward(self.step), self.rollout.decoded_tokens - self.decoded_at_admit,
+                          now_s - self.admit_s)
+        step, wait_start_s = self.step, self.wait_start_s
+        report = None
+        if self.async_admission:  # close step t and open t+1 now: its groups decode while t trains
+            report = self.sched.end_step(stats)
+            self.step += 1
+            self.admit(now_s)
+        lengths = [s.num_tokens for s in samples]
         train_end = self.experience_and_train(now_s, lengths, [s.sample_id for s in samples], not self.streaming)
-        self.loop.at(train_end, self.sync_and_adapt, batch, generated, gen_s, now_s, train_end)
+        self.loop.at(train_end, self.sync_and_adapt, step, batch, stats, report, wait_start_s, now_s)
 
-    def sync_and_adapt(self, batch, generated: int, gen_s: float, ready_s: float, train_end: float) -> None:
+    def sync_and_adapt(self, step: int, batch: TrainBatch, stats: StepStats, report: StepReport | None,
+                       wait_start_s: float, ready_s: float) -> None:
         now = self.loop.now_s
+        sync_end = self.weight_sync(now)  # pauses the engines: their segments end at `now`
         self.flush(now)  # tokens decoded before the sync belong to the old policy version
-        sync_end = self.weight_sync(now)
-        report = self.sched.end_step(StepStats(self.mean_reward(self.step), int(generated), gen_s))
+        if report is None:
+            report = self.sched.end_step(stats)
+            self.step += 1
+        self.reports.append(report)
         prompts = tuple(sorted(g.prompt_index for g in batch.groups))
-        tokens = sum(s.num_tokens for g in batch.groups for s in g.samples)
-        self.record(StepRecord(self.step, self.step_start_s, ready_s, train_end, sync_end, prompts, tokens,
+        self.record(StepRecord(step, wait_start_s, ready_s, now, sync_end, prompts, batch.tokens,
                                report.deferred_fraction, report.delta, report.chunk_size_tokens))
-        self.step += 1
-        self.loop.at(sync_end, self.begin)
+        self.loop.at(sync_end, self.after_sync)
+
+    def after_sync(self) -> None:
+        if not self.async_admission:
+            self.admit(self.loop.now_s)
+        self.wait_for_batch()
