@@ -23,7 +23,8 @@ class Variant:
 
 
 # Bench-level variants: a flag of an existing schedule, not a schedule of the product.
-VARIANTS = {f"oppo-{c}": Variant("oppo", ("--oppo.staleness.correction", c)) for c in ("none", "tis", "icepop")}
+VARIANTS = {f"{s}-{c}": Variant(s, ("--oppo.staleness.correction", c))
+            for s in ("oppo", "oppo-async") for c in ("none", "tis", "icepop")}
 
 
 def resolve(name: str) -> Variant:
