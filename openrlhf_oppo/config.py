@@ -23,6 +23,9 @@ from openrlhf_oppo.settings import setting as _f
 
 FLAG_PREFIX = "oppo"
 DELTA_RULES = ("system", "eq4", "alg1")
+CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
+# staleness.correction 'auto' under async admission, chosen on the learn task (docs/convergence.md)
+AUTO_CORRECTION = "tis"
 REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
 # YAML and flags read alike: a flag's text converts when lossless ("8", "true", "64,128").
@@ -124,10 +127,12 @@ class StalenessConfig:
         "(the batch waits for it). N = 1 leaves no room to carry a group: it needs delta.enable false.",
     )
     correction: str = _f(
-        "none",
+        "auto",
         "Off-policy correction with the recorded rollout logprobs, by OpenRLHF's importance-sampling "
-        "correction: 'none', 'tis' (token-level clip) or 'icepop' (token-level mask).",
-        choices=("none", "tis", "icepop"),
+        f"correction: 'none', 'tis' (token-level clip), 'icepop' (token-level mask) or 'auto' ('{AUTO_CORRECTION}' "
+        "with async admission, max_policy_lag >= 1, else 'none'; OpenRLHF's own --algo.advantage.is_correction_* "
+        "flags, when given, win).",
+        choices=CORRECTIONS,
     )
     keep_kv_cache: bool = _f(
         True,
@@ -144,12 +149,15 @@ class StalenessConfig:
                  self.max_deferral_steps)
         _require(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0, "staleness.max_policy_lag",
                  "an integer >= 0", self.max_policy_lag)
-        _require(
-            self.correction in ("none", "tis", "icepop"),
-            "staleness.correction",
-            "one of 'none', 'tis', 'icepop'",
-            self.correction,
-        )
+        _require(self.correction in CORRECTIONS, "staleness.correction",
+                 "one of " + ", ".join(map(repr, CORRECTIONS)), self.correction)
+
+    @property
+    def resolved_correction(self) -> str:
+        """'none', 'tis' or 'icepop': what 'auto' means for this lag."""
+        if self.correction != "auto":
+            return self.correction
+        return AUTO_CORRECTION if self.max_policy_lag >= 1 else "none"
 
 
 @dataclass(frozen=True)

@@ -107,14 +107,17 @@ CORRECTIONS = {
 
 
 def _correction_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
-    if cfg.staleness.correction == "none":
+    correction = cfg.staleness.resolved_correction
+    if correction == "none":
         return []
     if _value("--algo.advantage.is_correction_level", argv) not in (None, "off"):
+        if cfg.staleness.correction == "auto":
+            return []  # the user's own OpenRLHF correction
         raise ValueError(
             "--oppo.staleness.correction cannot be combined with --algo.advantage.is_correction_level: "
             "set one of them"
         )
-    return CORRECTIONS[cfg.staleness.correction]
+    return CORRECTIONS[correction]
 
 
 def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
