@@ -21,7 +21,8 @@ class DeltaController:
 
     * ``system`` (default): sized every step from B and the measured length tail.
       With ``L`` the lengths (longest response, in tokens) of the groups trained over
-      the last W steps, ``p`` the share of them longer than 2 x median(L) (below 1/2: Δ < B),
+      the last W steps, ``p`` the share of them longer than 2 x median(L) or cut at the
+      generation cap (a cap below twice the median would hide the tail; p at most 1/2),
       ``Δ_{t+1} = clip(⌈B·p / (1 − p)⌉, Δ_min, Δ_max)``: of B+Δ groups about p·(B+Δ)
       straggle, so B+Δ holds B that do not, and the batch need not wait for a straggler.
       The trained groups over a window are an unbiased sample of the admitted ones
@@ -49,18 +50,23 @@ class DeltaController:
         self.value = cfg.init if cfg.enable else 0
         history = 2 * cfg.window_steps if cfg.rule == "alg1" else cfg.window_steps
         self._rewards: deque[float] = deque(maxlen=history)
-        self._lengths: deque[tuple[int, ...]] = deque(maxlen=cfg.window_steps)  # system: per step
+        # system: per step, (longest response, truncated at the cap) of each trained group
+        self._lengths: deque[tuple[tuple[int, bool], ...]] = deque(maxlen=cfg.window_steps)
 
-    def update(self, mean_reward: float, group_lengths: Sequence[int] = ()) -> int:
-        """Observe one step (its mean reward; the lengths of the groups it trained); return the Δ for the next step."""
+    def update(self, mean_reward: float | None, groups: Sequence[tuple[int, bool]] = ()) -> int:
+        """Observe one step: its mean reward (None: not known yet, eq4/alg1 wait) and, per
+        trained group, (longest response in tokens, truncated at the cap); return the Δ for the next step."""
         cfg = self.cfg
         if not (cfg.enable and cfg.adaptive):
             return self.value
         if cfg.rule == "system":
-            self._lengths.append(tuple(int(n) for n in group_lengths))
-            target = system_delta(self.batch_groups, [n for step in self._lengths for n in step])
+            self._lengths.append(tuple((int(n), bool(cut)) for n, cut in groups))
+            window = [g for step in self._lengths for g in step]
+            target = system_delta(self.batch_groups, [n for n, _ in window], [cut for _, cut in window])
             if target is not None:
                 self.value = min(cfg.max, max(cfg.min, target))
+            return self.value
+        if mean_reward is None:
             return self.value
         self._rewards.append(float(mean_reward))
         if len(self._rewards) < self._rewards.maxlen:
@@ -76,7 +82,8 @@ class DeltaController:
         return self.value
 
     def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "rewards": list(self._rewards), "lengths": [list(s) for s in self._lengths]}
+        return {"value": self.value, "rewards": list(self._rewards),
+                "lengths": [[[n, cut] for n, cut in step] for step in self._lengths]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value = int(state["value"])
@@ -84,17 +91,21 @@ class DeltaController:
         self._rewards.extend(float(r) for r in state["rewards"])
         self._lengths.clear()
         # "lengths" is absent in checkpoints from before the system rule
-        self._lengths.extend(tuple(int(n) for n in s) for s in state.get("lengths", ()))
+        self._lengths.extend(tuple((int(n), bool(cut)) for n, cut in step) for step in state.get("lengths", ()))
 
 
-def system_delta(batch_groups: int, lengths: Sequence[int]) -> int | None:
+def system_delta(batch_groups: int, lengths: Sequence[int], truncated: Sequence[bool] = ()) -> int | None:
     """The system rule's Δ for group lengths ``lengths`` (None when there are none):
-    ``⌈B·p/(1 − p)⌉`` with ``p`` the share of lengths above ``TAIL_FACTOR`` x their median.
-    Fewer than half the lengths lie above twice the median, so ``p < 1/2``."""
+    ``⌈B·p/(1 − p)⌉`` with ``p`` the share of groups above ``TAIL_FACTOR`` x the median
+    length or ``truncated`` at the generation cap, at most 1/2 (then Δ = B)."""
     if not lengths:
         return None
     threshold = TAIL_FACTOR * statistics.median(lengths)
-    total, tail = len(lengths), sum(n > threshold for n in lengths)
+    cut = truncated or (False,) * len(lengths)
+    total = len(lengths)
+    tail = sum(n > threshold or c for n, c in zip(lengths, cut, strict=True))
+    if 2 * tail >= total:
+        return batch_groups  # p capped at 1/2: B·p/(1 − p) = B
     return -(-batch_groups * tail // (total - tail))  # ⌈B·tail / (total − tail)⌉ in integers: p = tail/total
 
 

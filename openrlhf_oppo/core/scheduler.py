@@ -282,7 +282,9 @@ class OverlapScheduler:
         for b, count in hist.items():
             flight.deferral_hist_total[b] += count
         trained = len(batch.groups)
-        lengths = [max(s.num_tokens for s in g.samples) for g in batch.groups]
+        # (longest response, truncated at the cap): what the system Δ rule reads
+        lengths = [(max(s.num_tokens for s in g.samples), any(s.finish_reason == "length" for s in g.samples))
+                   for g in batch.groups]
         report = StepReport(
             step=step,
             delta=self._step_delta,
@@ -299,6 +301,7 @@ class OverlapScheduler:
             deferral_hist=hist,
             offpolicy_token_fraction=batch.offpolicy_token_fraction,
             lag_tokens=batch.lag_tokens,
+            max_lag=batch.max_lag,
             stale_kv_token_fraction=batch.stale_kv_tokens / batch.tokens if batch.tokens else 0.0,
         )
         flight.last_step = step

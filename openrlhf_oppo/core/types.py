@@ -113,13 +113,14 @@ class TrainBatch:
     lag_tokens: dict[str, int] = field(default_factory=dict)  # LAG_BUCKETS -> tokens: step - their policy version
     stale_kv_tokens: int = 0  # decoded after a weight sync on KV cached by older weights (kept across the sync)
     tokens: int = 0  # response tokens in the batch
+    max_lag: int = 0  # the largest policy lag of a trained token (exact; lag_tokens buckets 3 and more)
 
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
     """What a driver measured in a step; feeds the Δ and C controllers."""
 
-    mean_reward: float
+    mean_reward: float | None  # None: not known yet (async admission's first step); eq4/alg1 wait
     generated_tokens: int  # tokens decoded during the generation+scoring phase
     generation_time_s: float  # wall time of the generation+scoring phase
 
@@ -141,6 +142,7 @@ class StepReport:
     deferral_hist: dict[str, int] = field(default_factory=dict)  # {"0","1","2","3+"} -> trained groups
     offpolicy_token_fraction: float = 0.0
     lag_tokens: dict[str, int] = field(default_factory=dict)  # LAG_BUCKETS -> trained tokens
+    max_lag: int = 0  # the largest policy lag of a trained token
     stale_kv_token_fraction: float = 0.0  # trained tokens decoded on KV cached by older weights
 
     def metrics(self) -> dict[str, float]:
@@ -159,8 +161,7 @@ class StepReport:
             out[f"oppo/deferral_hist/{bucket}"] = float(count)
         if self.lag_tokens:
             out["oppo/stale_kv_token_fraction"] = self.stale_kv_token_fraction
-            out["oppo/lag_max"] = float(max((int(b.rstrip("+")) for b, n in self.lag_tokens.items() if n),
-                                                   default=0))
+            out["oppo/lag_max"] = float(self.max_lag)
             for bucket, count in self.lag_tokens.items():
                 out[f"oppo/lag_tokens/{bucket}"] = float(count)
         return out

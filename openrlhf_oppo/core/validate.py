@@ -139,7 +139,7 @@ def check_acks(samples: dict[int, Sample], scored: dict[int, int], scorer: str, 
 def check_stats(stats: StepStats, step: int) -> None:
     if not isinstance(stats, StepStats):
         raise TypeError(f"end_step({step}) takes a StepStats, got {type(stats).__name__}")
-    if not math.isfinite(stats.mean_reward):
+    if stats.mean_reward is not None and not math.isfinite(stats.mean_reward):
         raise ValueError(f"step {step}: the batch's mean reward is {stats.mean_reward}; refusing to adapt Δ on it")
     if type(stats.generated_tokens) is not int or stats.generated_tokens < 0:
         raise ValueError(f"step {step}: generated_tokens must be an int >= 0, got {stats.generated_tokens!r}")

@@ -3,7 +3,8 @@ admitted as soon as a batch is taken and decode while the trainer trains, with t
 weights of the step just taken; the weight sync then bumps the version. A random driver
 plays engine, scorers and trainer in that order; every batch must hold only tokens at
 most N versions older than the step that trains them, and every admitted group is
-trained exactly once or still held."""
+trained exactly once or still held. Decoded tokens may reach the scheduler late, as an
+engine's reply does (a sample may hold tokens the scheduler has not seen yet)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def async_setups(draw):
                             rule=draw(st.sampled_from(["system", "eq4", "alg1"])))
     return dict(B=B, n=draw(st.integers(1, 3)), lag=lag, delta=delta,
                 scorers=draw(st.sampled_from([(), ("reward",)])), stream=draw(st.booleans()),
-                max_deferral=draw(st.integers(1, 4)), steps=draw(st.integers(2, 7)),
+                max_deferral=draw(st.integers(1, 4)), steps=draw(st.integers(2, 8)),
                 checkpoint=draw(st.booleans()))
 
 
@@ -40,7 +41,8 @@ class AsyncDriver:
         self.admitted: dict[int, tuple[int, ...]] = {}
         self.length: dict[int, int] = {}  # sample -> tokens it will have
         self.tokens: dict[int, list[int]] = {}  # sample -> versions of the tokens sent
-        self.finished: set[int] = set()
+        self.finished: set[int] = set()  # decoded to their end (their finish may still be on its way)
+        self.outbox: dict[int, list] = {}  # sample -> [(version, tokens, finished)] decoded, not yet delivered
         self.pending: list = []  # chunks the scorer has not acknowledged
         self.trained: list[int] = []
 
@@ -59,14 +61,27 @@ class AsyncDriver:
         return [sid for gid in self.sched.in_flight_groups for sid in self.admitted[gid] if sid not in self.finished]
 
     def decode(self, sid, version, until_end=False):
-        """Send tokens of ``sid`` decoded by ``version`` (and its finish when it reaches its length)."""
+        """Decode tokens of ``sid`` with ``version`` (and its finish when it reaches its length);
+        delivered now or later."""
         left = self.length[sid] - len(self.tokens[sid])
         k = left if until_end else self.data.draw(st.integers(0, min(left, 4)))
         self.tokens[sid] += [version] * k
-        self.pending += self.sched.on_tokens(sid, [7] * k, None, version)
-        if len(self.tokens[sid]) == self.length[sid]:
+        done = len(self.tokens[sid]) == self.length[sid]
+        if done:
             self.finished.add(sid)
-            self.pending += self.sched.on_finished(sid, "stop")
+        self.outbox.setdefault(sid, []).append((version, k, done))
+        if until_end or self.data.draw(st.integers(0, 3)) == 0:  # mostly late: as an engine's reply
+            self.deliver(sid)
+
+    def deliver(self, sid):
+        for version, k, done in self.outbox.pop(sid, ()):
+            self.pending += self.sched.on_tokens(sid, [7] * k, None, version)
+            if done:
+                self.pending += self.sched.on_finished(sid, "stop")
+
+    def deliver_all(self):
+        for sid in list(self.outbox):
+            self.deliver(sid)
 
     def ack_all(self):
         if self.setup["scorers"]:
@@ -89,10 +104,14 @@ class AsyncDriver:
         self.play(step, self.data.draw(st.integers(0, 12)))
         self.ack_all()
         batch = self.sched.take_batch()
-        order = sorted(self.data.draw(st.permutations(self.live())),
+        order = sorted(self.data.draw(st.permutations(self.live() + list(self.outbox))),
                        key=lambda sid: self.sched.group_of(sid) not in plan.must_finish)
         while batch is None:
-            self.decode(order.pop(0), step, until_end=True)
+            sid = order.pop(0)
+            if sid in self.finished:
+                self.deliver(sid)
+            else:
+                self.decode(sid, step, until_end=True)
             self.ack_all()
             batch = self.sched.take_batch()
         return batch
@@ -125,6 +144,7 @@ def test_async_admission_trains_no_token_more_than_max_policy_lag_behind(setup, 
         d.admit(plan)
         d.play(step, data.draw(st.integers(0, 12)))  # decoding while the trainer trains: still version `step`
         if setup["checkpoint"] and data.draw(st.booleans()):  # a checkpoint between the update and the next batch
+            d.deliver_all()  # (a real restart loses undelivered tokens and restarts from the held ones)
             d.ack_all()
             state = json.loads(json.dumps(d.sched.state_dict()))
             d.sched = d.new_scheduler()
@@ -164,6 +184,32 @@ def test_forced_by_lag_hand_computed(make_scheduler):
     assert [g.group_id for g in batch.groups] == [1] and batch.lag_tokens == {"0": 1, "1": 0, "2": 1, "3+": 0}
     report = sched.end_step(StepStats(0.0, 1, 1.0))
     assert report.metrics()["oppo/lag_max"] == 2.0 and report.metrics()["oppo/lag_tokens/2"] == 1.0
+
+
+def test_a_group_whose_tokens_have_not_arrived_yet_counts_as_old_as_its_admission(make_scheduler):
+    # B = 2, n = 1, Δ = 2, lag 2. g4 is admitted at step 1's begin (engines at version 0) and
+    # decodes version-0 tokens while step 0 trains, but its engine's reply is not polled
+    # before step 1's batch forms. At step 2's begin it has no recorded token: it must still
+    # count as version 0, or it could be carried to step 3 and train 3 versions behind.
+    sched = make_scheduler(2, 1, (), delta=2, stream=False, max_deferral=5, max_lag=2)
+    sched.begin_step(0)
+    for sid in range(4):
+        sched.on_tokens(sid, [5], None, 0)
+        sched.on_finished(sid)
+    assert [g.group_id for g in sched.take_batch().groups] == [0, 1]
+    sched.end_step(StepStats(0.0, 4, 1.0))
+    assert [g.group_id for g in sched.begin_step(1).admit] == [4, 5]
+    assert [g.group_id for g in sched.take_batch().groups] == [2, 3]  # before any reply of g4
+    sched.end_step(StepStats(0.0, 0, 1.0))
+    plan = sched.begin_step(2)
+    assert plan.must_finish == (4, 5)  # both carried without a recorded token: both as old as version 0
+    sched.on_tokens(4, [6, 6], None, 0)  # the late reply: version 0
+    for sid in (5, 6, 7):
+        sched.on_finished(sid)
+    assert sched.take_batch() is None  # waits for g4
+    sched.on_finished(4)
+    batch = sched.take_batch()
+    assert [g.group_id for g in batch.groups] == [5, 4] and batch.max_lag == 2
 
 
 def test_stale_kv_tokens_are_counted_apart_from_off_policy_tokens(make_scheduler):

@@ -43,11 +43,11 @@ def test_delta_controller_state_round_trip():
     for rule in DELTA_RULES:
         cfg = DeltaConfig(init=2, min=0, max=4, window_steps=3, rule=rule)
         a = DeltaController(cfg, batch_groups=4)
-        for r, lengths in [(0.1, [5, 6, 30]), (0.3, [4, 50])]:
+        for r, lengths in [(0.1, [(5, False), (6, False), (30, True)]), (0.3, [(4, False), (50, False)])]:
             a.update(r, lengths)
         b = DeltaController(cfg, batch_groups=4)
         b.load_state_dict(json.loads(json.dumps(a.state_dict())))
-        steps = [(0.5, [5, 5]), (0.2, [100, 3, 4, 5]), (0.9, [7])]
+        steps = [(0.5, [(5, False), (5, True)]), (0.2, [(100, False), (3, False), (4, False)]), (0.9, [(7, False)])]
         assert [a.update(*s) for s in steps] == [b.update(*s) for s in steps], rule
 
 
@@ -86,7 +86,7 @@ def test_delta_stays_in_bounds_on_wild_rewards(rule):
     rng = random.Random(0)
     ctl = DeltaController(DeltaConfig(init=5, min=2, max=7, window_steps=2, inc=3, dec=3, rule=rule), batch_groups=8)
     for _ in range(200):
-        lengths = [rng.choice([1, 10, 1000]) for _ in range(rng.randint(0, 8))]
+        lengths = [(rng.choice([1, 10, 1000]), rng.random() < 0.3) for _ in range(rng.randint(0, 8))]
         assert 2 <= ctl.update(rng.uniform(-100, 100), lengths) <= 7
 
 
@@ -104,15 +104,30 @@ def test_system_delta_hand_computed():
     assert system_delta(8, [10, 15, 20, 19]) == 0
     assert system_delta(8, [10, 10, 20]) == 0
     assert system_delta(8, []) is None
-    # the most a tail can be: 2 of 5 above 2 x median 0 -> ⌈8 · 2/3⌉ = 6 (p < 1/2 always: Δ < B)
+    # 2 of 5 above 2 x median 0 -> ⌈8 · 2/3⌉ = 6
     assert system_delta(8, [0, 0, 0, 1, 1]) == 6
+    # a cap below twice the median: only truncation shows the tail. 3 of 8 cut at 1,024, median
+    # 900, nothing above 1,800: p = 3/8, ⌈8 · 3/5⌉ = 5; half or more cut: p capped at 1/2, Δ = B
+    lengths = [700, 800, 850, 900, 900, 1024, 1024, 1024]
+    assert system_delta(8, lengths) == 0
+    assert system_delta(8, lengths, [False] * 5 + [True] * 3) == 5
+    assert system_delta(8, lengths, [False] * 4 + [True] * 4) == 8
 
 
 def test_system_rule_sizes_delta_from_the_window_of_trained_lengths():
     # W = 2 steps, B = 4: Δ from the lengths of the groups trained in the last two steps
     ctl = DeltaController(DeltaConfig(init=1, min=0, max=4, window_steps=2, rule="system"), batch_groups=4)
     assert ctl.value == 1  # init until a step is seen
-    assert ctl.update(0.0, [10, 10, 10, 10]) == 0  # no tail
-    assert ctl.update(0.0, [10, 10, 10, 90]) == 1  # window 10x7, 90: p = 1/8, ⌈4/7⌉ = 1
-    assert ctl.update(0.0, [90, 90, 10, 10]) == 3  # window 10 10 10 90 90 90 10 10: median 10, p = 3/8: ⌈12/5⌉
-    assert ctl.update(0.0, []) == 0  # window 90 90 10 10: median 50, nothing above 100
+    def step(*lengths):
+        return ctl.update(0.0, [(n, False) for n in lengths])
+
+    assert step(10, 10, 10, 10) == 0  # no tail
+    assert step(10, 10, 10, 90) == 1  # window 10x7, 90: p = 1/8, ⌈4/7⌉ = 1
+    assert step(90, 90, 10, 10) == 3  # window 10 10 10 90 90 90 10 10: median 10, p = 3/8: ⌈12/5⌉
+    assert step() == 0  # window 90 90 10 10: median 50, nothing above 100
+    assert ctl.update(None, [(10, True)]) == 4  # window: the empty step and one cut group: p capped, Δ = B
+
+
+def test_eq4_waits_for_a_known_reward():
+    ctl = DeltaController(DeltaConfig(init=2, min=0, max=4, window_steps=2, rule="eq4"))
+    assert [ctl.update(r) for r in (None, 0.1, None, 0.2)] == [2, 2, 2, 3]  # Nones are not seen

@@ -90,12 +90,14 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
 
 
 def _value(flag: str, argv: list[str]) -> str | None:
+    """The flag's value as argparse reads it: the last occurrence wins."""
+    value = None
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 # --oppo.staleness.correction -> OpenRLHF 0.11.2's importance-sampling correction against
@@ -110,9 +112,9 @@ def _correction_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> list[str]
     correction = cfg.staleness.resolved_correction
     if correction == "none":
         return []
+    if cfg.staleness.correction == "auto" and any(a.startswith("--algo.advantage.is_correction_") for a in argv):
+        return []  # the user set OpenRLHF's own correction (even `off`): theirs wins
     if _value("--algo.advantage.is_correction_level", argv) not in (None, "off"):
-        if cfg.staleness.correction == "auto":
-            return []  # the user's own OpenRLHF correction
         raise ValueError(
             "--oppo.staleness.correction cannot be combined with --algo.advantage.is_correction_level: "
             "set one of them"

@@ -42,6 +42,7 @@ from openrlhf_oppo import run_env
 from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
 from openrlhf_oppo.integrations.runtime import openrlhf_executor, timeline_hooks
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
+from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.prompt_stream import GroupPrompts, PromptStream
 from openrlhf_oppo.integrations.runtime.reward_dispatch import RewardDispatcher
 from openrlhf_oppo.integrations.runtime.rollout import SampleDelta, SampleRequest
@@ -50,6 +51,7 @@ from openrlhf_oppo.integrations.runtime.seeding import request_seed, write_rollo
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 from openrlhf_oppo.integrations.runtime.trace import RunLedger, write_trace
 
+log = get_logger(__name__)
 NO_CHUNKS = 1 << 30  # wake threshold when nothing is streamed: only finished samples wake the driver
 
 
@@ -86,7 +88,10 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
         self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
-        self.last_mean_reward = 0.0  # async: the Δ controller's reward when the step ends before training
+        # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training
+        # (None before the first: they wait); and when the open step's groups were admitted
+        self.last_mean_reward: float | None = None
+        self.admitted_s = 0.0
 
     # ------------------------------------------------------------------ a step
 
@@ -145,6 +150,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         per_pass = self._per_pass
         boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
         plan = self.scheduler.begin_step(step, admit_until=boundary)
+        self.admitted_s = self.meter.clock()
         self._admit(plan, generate_kwargs, step)
         self.rewards.dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
         return plan, boundary
@@ -272,9 +278,17 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     # ------------------------------------------------------------------ adapt, finalize
 
-    def _adapt(self, mean_reward: float) -> StepReport:
-        """The scheduler closes the step; its controllers set the next Δ and C."""
-        return self.scheduler.end_step(StepStats(mean_reward, self.meter.generated_tokens, self.meter.gen_s))
+    def _adapt(self, mean_reward: float | None) -> StepReport:
+        """The scheduler closes the step; its controllers set the next Δ and C (C from the tokens
+        decoded per second since the step's groups were admitted: with async admission, since
+        the previous batch, its decoding during training included)."""
+        seconds = self.meter.clock() - self.admitted_s if self.async_admission else self.meter.gen_s
+        report = self.scheduler.end_step(StepStats(mean_reward, self.meter.generated_tokens, seconds))
+        lag = self.oppo.staleness.max_policy_lag
+        if lag and report.max_lag > lag:  # the core's forcing rules this out: a driver fed it stale tokens
+            log.error("OPPO step %d trains tokens %d policy versions old, over --oppo.staleness.max_policy_lag %d",
+                      report.step, report.max_lag, lag)
+        return report
 
     def _finalize(self, batch: TrainBatch, report: StepReport) -> None:
         """Record the step (trace, ledger) and drop what the trained groups held."""
@@ -317,12 +331,14 @@ class OppoSamplesGenerator(SamplesGenerator):
         return {
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
+            "last_mean_reward": self.last_mean_reward,
             "prompts": {str(gid): list(v) for gid, v in self.prompts.by_group.items()},  # in-flight groups only
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
+        self.last_mean_reward = state.get("last_mean_reward")  # absent before async admission
         self.prompts.by_group = {int(gid): (p, lb, ids) for gid, (p, lb, ids) in state["prompts"].items()}
         self.rewards.forget_all()  # reward actors restart empty: every held sample is re-scored
         self.needs_restart = True  # OpenRLHF restores the dataloader at scheduler.next_prompt_index

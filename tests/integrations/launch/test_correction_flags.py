@@ -27,5 +27,10 @@ def test_the_correction_each_setting_adds(correction, lag, added):
 def test_auto_leaves_the_users_own_openrlhf_correction_alone_an_explicit_one_is_refused():
     own = ["--algo.advantage.is_correction_level", "sequence"]
     assert openrlhf_argv(own, _cfg("auto", 2)) == own
+    for opt_out in (["--algo.advantage.is_correction_level", "off"], ["--algo.advantage.is_correction_mode=mask"]):
+        assert openrlhf_argv(opt_out, _cfg("auto", 2)) == opt_out  # any of its flags: the user's choice
+    # argparse keeps the last occurrence: a preset's `token` overridden by the user's `off` is off
+    overridden = ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_level", "off"]
+    assert openrlhf_argv(overridden, _cfg("tis", 2))[-4:] == CORRECTIONS["tis"]
     with pytest.raises(ValueError, match="cannot be combined with --algo.advantage.is_correction_level"):
         openrlhf_argv(own, _cfg("tis", 2))
