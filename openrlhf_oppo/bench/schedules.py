@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the step latency (>= 1)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: summarize the runs already under --output (<schedule>-<repeat>)")
+    p.add_argument("--keep-done", action="store_true",
+                   help="reuse the runs under --output that finished (result.json with exit 0) instead of running "
+                        "them again; run the rest (a bench cut short, or a schedule or repeat added)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags for every run")
     args = p.parse_args(argv)
     unknown = [s for s in args.schedules if s not in SCHEDULES]
@@ -290,10 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     order = [(rep, schedule) for rep in range(args.repeats) for schedule in args.schedules]
     for i, (rep, schedule) in enumerate(order, 1):
         root = out / f"{schedule}-{rep}"
-        if args.report_only:
-            result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
+        result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
+        if args.report_only or (args.keep_done and result.get("returncode") == 0):
             returncode = result.get("returncode", 0 if (root / "tensorboard").is_dir() else 1)
             wall_s = result.get("wall_s")
+            if not args.report_only:
+                print(f"[bench schedules] run {i}/{len(order)}: {schedule}: kept (finished in {root})", flush=True)
         else:
             print(f"[bench schedules] run {i}/{len(order)}: {schedule} -> {root}", flush=True)
             run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),
