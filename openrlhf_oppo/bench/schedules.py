@@ -43,6 +43,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from openrlhf_oppo.bench import breakdown
 from openrlhf_oppo.bench.table import Spread, fmt, relative_spread, spread, table_line
 from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
@@ -110,6 +111,7 @@ def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
         "trained_tokens_per_s": tokens / (walls[-1] - walls[0]) if tokens is not None and walls[-1] > walls[0]
         else None,
         "reward": statistics.fmean(v for _, _, v in scalars["train/reward"]) if scalars.get("train/reward") else None,
+        "breakdown": breakdown.run_breakdown(root, walls),
     }
     metrics = root / "oppo_metrics.jsonl"
     if metrics.exists():
@@ -311,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         results[schedule].append({"returncode": returncode, "wall_s": wall_s, **summary})
     rows = report(results)
     print_report(rows)
+    breakdown.print_breakdown({s: runs[0].get("breakdown") for s, runs in results.items() if runs})
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"rows": rows, "verdict": asdict(verdict(rows)), "runs": results},
                                                   indent=1))
