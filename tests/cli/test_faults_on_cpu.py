@@ -40,7 +40,12 @@ def test_killed_reward_actor_rollout_engine_and_driver_the_run_completes_and_the
     tiny_assets, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("OPPO_FAULTS", "reward@1,abort@2,rollout@3,driver@3")
-    rc = main(_train_argv(tiny_assets, tmp_path, "--ckpt.save_steps", "2", restarts=3))
+    # Δ fixed at the config's init (2): an engine fault fires on the k-th engine reply of its
+    # step, and a step needs one. The system Δ rule sizes Δ up to B on the tiny task (many
+    # responses run to the 192-token cap), and with B complete groups already carried a step
+    # takes its batch before any engine reply and the fault of that step never fires.
+    rc = main(_train_argv(tiny_assets, tmp_path, "--ckpt.save_steps", "2", "--oppo.delta.adaptive", "false",
+                          restarts=3))
     assert rc == 0, f"see {tmp_path}"
     fired = (tmp_path / (ledger.LEDGER_FILE + ".faults")).read_text().split()
     assert fired == ["reward@1", "abort@2", "rollout@3", "driver@3"]

@@ -9,6 +9,7 @@ import pytest
 
 from openrlhf_oppo import timeline
 from openrlhf_oppo.bench import plot
+from openrlhf_oppo.compat.weight_sync import PROBE_MAX_TOKENS
 
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
@@ -63,9 +64,12 @@ def test_every_stage_of_the_step_is_on_the_timeline(schedule, sync_run, oppo_run
 def test_every_trained_sample_has_a_decode_span(sync_run, oppo_run):
     rows = _rows(sync_run)
     steps = [(r["t0"], r["t1"]) for r in _spans(rows, "driver", "generate")]
-    # responses started by the driver's generate (the launcher's sync probe decodes one more
-    # greedy response after each weight sync: not a rollout)
-    sync_samples = [r for r in rows if r["kind"] == "sample" and any(a <= r["t0"] <= b for a, b in steps)]
+    # responses started by the driver's generate. The launcher's sync probe decodes one more
+    # greedy response after each weight sync (not a rollout); it may start inside the next
+    # generate span, so it is told apart by what it is: PROBE_MAX_TOKENS tokens, cut at its cap
+    # (a rollout cut at its cap has max_new_tokens, 192)
+    sync_samples = [r for r in rows if r["kind"] == "sample" and any(a <= r["t0"] <= b for a, b in steps)
+                    and not (r.get("finish") == "length" and r["tokens"] == PROBE_MAX_TOKENS)]
     assert len(sync_samples) == STEPS * B * N  # OpenRLHF's own generate, one record per response
     assert all(r["t1"] >= r["t0"] and r["tokens"] >= 1 for r in sync_samples)
     decoded = {r["sample"]: r for r in _rows(oppo_run) if r["kind"] == "sample" and "sample" in r}
