@@ -19,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+from openrlhf_oppo.core.types import LAG_BUCKETS
 from openrlhf_oppo.sim import drivers, presets, report
 from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
 
@@ -79,10 +80,10 @@ def _print_staleness(sim: report.Simulated) -> None:
     if not rows:
         return
     print()
-    lags = " ".join(f"{'lag ' + b:>6}" for b in ("0", "1", "2", "3+"))
+    lags = " ".join(f"{'lag ' + b:>6}" for b in LAG_BUCKETS)
     print(f"{'schedule':<11} {lags} {'stale kv':>8}  delta (measured steps)")
     for s, st in rows:
-        share = {b: statistics.median(x["lag_share"][b] for x in st) for b in ("0", "1", "2", "3+")}
+        share = {b: statistics.median(x["lag_share"][b] for x in st) for b in LAG_BUCKETS}
         deltas = st[0]["delta"]
         print(f"{s:<11} " + " ".join(f"{share[b]:>6.2f}" for b in share)
               + f" {statistics.median(x['stale_kv'] for x in st):>8.2f}  "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 
+from openrlhf_oppo.core.types import LAG_BUCKETS
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.drivers.openrlhf import AsyncDriver, SyncDriver
 from openrlhf_oppo.sim.drivers.oppo import OppoDriver, OppoRunResult
@@ -56,7 +57,7 @@ def staleness(result: RunResult, warmup_steps: int) -> dict | None:
     if not isinstance(result, OppoRunResult):
         return None
     reports = result.reports[warmup_steps:]
-    lag = {b: sum(r.lag_tokens.get(b, 0) for r in reports) for b in ("0", "1", "2", "3+")}
+    lag = {b: sum(r.lag_tokens.get(b, 0) for r in reports) for b in LAG_BUCKETS}
     total = sum(lag.values()) or 1
     return {"lag_share": {b: n / total for b, n in lag.items()}, "delta": [r.delta for r in reports],
             "stale_kv": statistics.fmean(r.stale_kv_token_fraction for r in reports) if reports else 0.0}
