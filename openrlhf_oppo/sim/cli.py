@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from openrlhf_oppo.core.types import LAG_BUCKETS
-from openrlhf_oppo.sim import drivers, presets, report
+from openrlhf_oppo.sim import drivers, layouts, presets, report
 from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
 
 SWEEP_SCHEDULES = ("sync", "oppo-intra", "oppo-inter", "oppo")
@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
                         f"allowed: {', '.join(SCHEDULE_NAMES)}")
     p.add_argument("--output", type=Path, default=None,
                    help="timelines, PNGs, summary.json (default: runs/sim/<preset>)")
+    p.add_argument("--best-layout", action="store_true",
+                   help="each schedule in the best layout of the preset's GPUs (nodes x gpus_per_node) that its "
+                        "framework can run and that fits (openrlhf_oppo.sim.layouts); layouts that do not fit are "
+                        "listed with what overflows")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--plot-steps", type=int, default=4, help="steps drawn in the timeline PNGs (after warm-up)")
     return p
@@ -55,13 +59,24 @@ def main(argv: list[str]) -> int:
     out = args.output or Path("runs") / "sim" / base.name
     no_plot = args.no_plot or not _can_plot()
     t0 = time.perf_counter()
+    if args.sweep and args.best_layout:
+        raise ValueError("--best-layout: not with --sweep (search one configuration at a time)")
     if args.sweep:
         _sweep(args.preset, sets, args.sweep, schedules, base, out, no_plot)
     else:
-        sim = report.run_all(base, schedules)
+        tried = None
+        if args.best_layout:
+            if base.hardware is None or base.actor is None:
+                raise ValueError(f"--best-layout: preset {base.name} has no hardware and model shapes to size "
+                                 "layouts by (a measured preset's split is its machine's)")
+            sim, tried, space = report.best_layouts(base, schedules)
+            _print_refused_layouts(space)
+        else:
+            sim = report.run_all(base, schedules)
         report.print_tables(sim)
+        report.print_layouts(sim, tried)
         _print_staleness(sim)
-        if base.paper.both and {"sync", "oppo-intra", "oppo-inter", "oppo"} <= set(schedules):
+        if report.calibrates(sim) and not tried:
             report.print_calibration(sim)
         print(f"simulated in {time.perf_counter() - t0:.1f} s")
         if not no_plot:
@@ -90,6 +105,14 @@ def _print_staleness(sim: report.Simulated) -> None:
               + f"{min(deltas)}-{max(deltas)} (median {statistics.median(deltas):g}; seed {sim.runs[s][0].seed})")
     print("lag b: share of trained response tokens decoded by weights b versions older than those trained "
           "(median over seeds); stale kv: share decoded on KV cached by older weights")
+
+
+def _print_refused_layouts(space: layouts.Searched) -> None:
+    print(f"layouts searched: {sum(len(v) for v in space.runnable.values())} (schedule, layout) pairs; "
+          f"{len(space.refused)} layouts do not fit" + (":" if space.refused else ""))
+    for split, why in space.refused:
+        print(f"  {layouts.describe(split):<44} " + "; ".join(why))
+    print()
 
 
 def _can_plot() -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from openrlhf_oppo.sim import memory
 from openrlhf_oppo.sim.presets import ModelShape, SimConfig
 
 
@@ -51,6 +52,8 @@ class CostModel:
     seqs_per_engine: int  # concurrent sequences an engine holds (max_num_seqs, KV capacity)
     decode_slowdown_shared: float
     train_slowdown_shared: float
+    reward_forward_per_token_s: float = 0.0  # the reward model's forward on the training pool (split.reward_with_train)
+    sleep_transfer_s: float = 0.0  # the hybrid engine (split.sleep): one switch of the devices, vLLM <-> training
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -90,13 +93,16 @@ class CostModel:
         compute = self.prefill_per_token_s * new + self.prefill_per_pair_s * pairs
         return self.prefill_call_s + len(chunks) * self.prefill_per_chunk_s + max(self.prefill_weights_read_s, compute)
 
-    def make_experience_s(self, tokens: int, reference: bool, critic: bool) -> dict[str, float]:
-        """Forwards on the training pool: stage -> seconds (old logprobs, reference, critic values)."""
+    def make_experience_s(self, tokens: int, reference: bool, critic: bool, reward: bool = False) -> dict[str, float]:
+        """Forwards on the training pool: stage -> seconds (old logprobs, reference, critic values,
+        and the reward model's when it is one of the training pool's models)."""
         out = {"old_logprobs": self.forward_per_token_s * tokens}
         if reference:
             out["ref_logprobs"] = self.forward_per_token_s * tokens
         if critic:
             out["values"] = self.critic_forward_per_token_s * tokens
+        if reward:
+            out["rewards"] = self.reward_forward_per_token_s * tokens
         return out
 
     def train_s(self, tokens: int) -> float:
@@ -116,7 +122,8 @@ def build(cfg: SimConfig) -> CostModel:
         updates.update(prefill_call_s=m.prefill_call_s, prefill_weights_read_s=0.0,
                        prefill_per_token_s=m.prefill_per_token_s, prefill_per_pair_s=0.0)
     if m.forward_per_token_s > 0:
-        updates.update(forward_per_token_s=m.forward_per_token_s, critic_forward_per_token_s=m.forward_per_token_s)
+        updates.update(forward_per_token_s=m.forward_per_token_s, critic_forward_per_token_s=m.forward_per_token_s,
+                       reward_forward_per_token_s=m.forward_per_token_s)
     if m.train_per_token_s > 0:
         updates["train_per_token_s"] = m.train_per_token_s
     if m.weight_sync_s > 0:
@@ -129,8 +136,10 @@ def build(cfg: SimConfig) -> CostModel:
 def _layout(cfg: SimConfig) -> dict:
     s, e = cfg.split, cfg.efficiency
     engines = s.nodes * s.generate_gpus // s.tensor_parallel
-    scorers = s.nodes * (s.score_gpus // s.score_tensor_parallel if s.score_gpus else engines)
-    return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0,
+    scorers = 0 if s.reward_with_train else s.nodes * (s.score_gpus // s.score_tensor_parallel if s.score_gpus
+                                                       else engines)
+    sleep = memory.sleep_transfer_s(cfg) if cfg.hardware is not None and cfg.actor is not None else 0.0
+    return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0, sleep_transfer_s=sleep,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
                 decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)
 
@@ -140,7 +149,8 @@ def _measured_only(cfg: SimConfig) -> CostModel:
     return CostModel(decode_overhead_s=0.0, decode_weights_read_s=0.0, decode_kv_read_per_token_s=0.0,
                      decode_compute_per_seq_s=0.0, prefill_call_s=0.0, prefill_weights_read_s=0.0,
                      prefill_per_token_s=0.0, prefill_per_pair_s=0.0, prefill_per_chunk_s=e.chunk_overhead_s,
-                     forward_per_token_s=0.0, critic_forward_per_token_s=0.0, train_per_token_s=0.0,
+                     forward_per_token_s=0.0, critic_forward_per_token_s=0.0, reward_forward_per_token_s=0.0,
+                     train_per_token_s=0.0,
                      weight_sync_s=e.weight_sync_base_s, seqs_per_engine=cfg.workload.max_num_seqs, **_layout(cfg))
 
 
@@ -164,6 +174,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
         prefill_per_chunk_s=e.chunk_overhead_s,
         forward_per_token_s=2 * actor.params / (train_flops * e.forward_mfu),
         critic_forward_per_token_s=2 * critic.params / (train_flops * e.forward_mfu),
+        reward_forward_per_token_s=2 * reward.params / (train_flops * e.forward_mfu),
         train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
         weight_sync_s=e.weight_sync_base_s + actor.weight_bytes / (link * e.link_efficiency),
         seqs_per_engine=_seqs_per_engine(cfg, actor, tp),

@@ -8,13 +8,15 @@ drawn by `bench.plot`, the code that draws real runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from openrlhf_oppo.bench import schedules as bench_schedules
 from openrlhf_oppo.sim import costs as cost_model
+from openrlhf_oppo.sim import layouts
 from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
 from openrlhf_oppo.sim.presets import SimConfig
 
@@ -29,14 +31,65 @@ class Simulated:
     cfg: SimConfig
     runs: dict[str, list[RunResult]]
     summaries: dict[str, list[dict]]
+    refused: dict[str, list[str]] = field(default_factory=dict)  # schedule -> why it cannot run this layout
+    layouts: dict[str, SimConfig] = field(default_factory=dict)  # schedule -> the layout it ran (fitted)
 
 
 def run_all(cfg: SimConfig, schedules: tuple[str, ...] = SCHEDULE_NAMES) -> Simulated:
-    costs = cost_model.build(cfg)
-    w = cfg.workload
-    runs = {s: [simulate(cfg, costs, s, w.seed + k) for k in range(w.seeds)] for s in schedules}
-    summaries = {s: [summarize(r, w.warmup_steps) for r in rs] for s, rs in runs.items()}
-    return Simulated(cfg, runs, summaries)
+    """Every schedule its framework can run in `cfg`'s layout (`sim.layouts`), each in that layout
+    with vLLM's memory share fitted; the others refused with why."""
+    sim = Simulated(cfg, {}, {})
+    for s in schedules:
+        fitted, reasons = layouts.check(cfg, s)
+        if reasons:
+            sim.refused[s] = reasons
+        else:
+            _run(sim, s, fitted)
+    return sim
+
+
+def _run(sim: Simulated, schedule: str, cfg: SimConfig) -> None:
+    costs, w = cost_model.build(cfg), cfg.workload
+    sim.runs[schedule] = [simulate(cfg, costs, schedule, w.seed + k) for k in range(w.seeds)]
+    sim.summaries[schedule] = [summarize(r, w.warmup_steps) for r in sim.runs[schedule]]
+    sim.layouts[schedule] = cfg
+
+
+def best_layouts(cfg: SimConfig, schedules: tuple[str, ...]) -> tuple[Simulated, dict[str, list[tuple[str, float]]],
+                                                                       layouts.Searched]:
+    """Each schedule in every layout of `cfg`'s GPUs it can run (one seed each), then in its best
+    (lowest mean time per step) with every seed. Returns the best runs, each schedule's tried layouts
+    (description, mean step s), and the search space (with the layouts that do not fit)."""
+    space = layouts.search_space(cfg, schedules)
+    sim, tried = Simulated(cfg, {}, {}), {}
+    for s in schedules:
+        scores = []
+        for trial in space.runnable[s]:
+            one = dataclasses.replace(trial, workload=dataclasses.replace(trial.workload, seeds=1))
+            r = simulate(one, cost_model.build(one), s, one.workload.seed)
+            scores.append((summarize(r, one.workload.warmup_steps)["mean_step_s"], trial))
+        if not scores:
+            sim.refused[s] = ["no layout of these GPUs that its framework can run fits"]
+            continue
+        scores.sort(key=lambda x: x[0])
+        tried[s] = [(layouts.describe(t.split), m) for m, t in scores]
+        _run(sim, s, scores[0][1])
+    return sim, tried, space
+
+
+def print_layouts(sim: Simulated, tried: dict[str, list[tuple[str, float]]] | None = None) -> None:
+    """Each schedule's layout (and, after a search, the runner-up), then the schedules refused."""
+    print()
+    print(f"{'schedule':<11} {'layout (a node)':<44} {'vLLM mem':>8}" + ("  runner-up (1 seed)" if tried else ""))
+    for s, c in sim.layouts.items():
+        share = f"{c.workload.kv_cache_fraction:.2f}" if c.hardware is not None else "-"
+        extra = ""
+        if tried and len(tried[s]) > 1:
+            extra = f"  {tried[s][1][0]} {tried[s][1][1]:.2f} s (of {len(tried[s])} layouts)"
+        print(f"{s:<11} {layouts.describe(c.split):<44} {share:>8}{extra}")
+    for s, reasons in sim.refused.items():
+        print(f"{s:<11} not simulated: " + "; ".join(reasons))
+    print("vLLM mem: its gpu_memory_utilization (colocated without sleep: what training leaves it)")
 
 
 def trained_tokens_per_s(result: RunResult, warmup_steps: int) -> float | None:
@@ -80,6 +133,12 @@ def speedups(sim: Simulated, schedule: str) -> list[float]:
     """Seed by seed: sync's time per step / this schedule's (the paper's ratios are time-to-reward:
     time per step, not its median)."""
     return [b["mean_step_s"] / x["mean_step_s"] for b, x in zip(sim.summaries["sync"], sim.summaries[schedule])]
+
+
+def calibrates(sim: Simulated) -> bool:
+    """Whether the paper's ablation table can be made: a preset with its figures, and sync and
+    every ablation's schedule simulated."""
+    return bool(sim.cfg.paper.both) and {"sync", *(s for _, s in ABLATIONS)} <= set(sim.runs)
 
 
 def calibration_rows(sim: Simulated) -> list[dict]:
@@ -133,7 +192,7 @@ def write_outputs(sim: Simulated, out: Path, plot_schedules: tuple[str, ...] = (
         write_timeline(rs[0], out / s)
     (out / "summary.json").write_text(json.dumps(
         {"preset": sim.cfg.name, "rows": rows, "verdict": asdict(bench_schedules.verdict(rows)),
-         "calibration": calibration_rows(sim) if sim.cfg.paper.both and "sync" in sim.runs else None}, indent=1,
+         "calibration": calibration_rows(sim) if calibrates(sim) else None}, indent=1,
         default=str))
     first = sim.cfg.workload.warmup_steps
     pngs = []
@@ -153,9 +212,11 @@ def print_sweep(points: list[tuple[str, Simulated]], schedules: tuple[str, ...])
     cols = [f"{s} step s" for s in schedules] + [f"x sync {s}" for s in schedules if s != "sync"]
     print(f"{'value':<28} " + " ".join(f"{c:>17}" for c in cols))
     for label, sim in points:
-        cells = [f"{statistics.median(x['mean_step_s'] for x in sim.summaries[s]):.2f}" for s in schedules]
+        cells = [f"{statistics.median(x['mean_step_s'] for x in sim.summaries[s]):.2f}" if s in sim.summaries
+                 else "refused" for s in schedules]
         if "sync" in schedules:
-            cells += [f"{statistics.median(speedups(sim, s)):.2f}" for s in schedules if s != "sync"]
+            cells += [f"{statistics.median(speedups(sim, s)):.2f}" if {s, "sync"} <= set(sim.summaries)
+                      else "-" for s in schedules if s != "sync"]
         print(f"{label:<28} " + " ".join(f"{c:>17}" for c in cells))
     print("step s: time per step (mean over measured steps), median over seeds; x sync: sync's / the schedule's")
 
@@ -169,12 +230,15 @@ def plot_sweep(points: list[tuple[str, Simulated]], schedules: tuple[str, ...], 
     labels = [label for label, _ in points]
     xs = list(range(len(points)))
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    for s in schedules:
-        med = [statistics.median(x["mean_step_s"] for x in sim.summaries[s]) for _, sim in points]
-        lo = [min(x["mean_step_s"] for x in sim.summaries[s]) for _, sim in points]
-        hi = [max(x["mean_step_s"] for x in sim.summaries[s]) for _, sim in points]
-        ax.plot(xs, med, marker="o", label=s)
-        ax.fill_between(xs, lo, hi, alpha=0.15)
+    for s in schedules:  # a schedule refused at a point (its layout) has no marker there
+        at = [(i, sim.summaries[s]) for i, (_, sim) in enumerate(points) if s in sim.summaries]
+        if not at:
+            continue
+        med = [statistics.median(x["mean_step_s"] for x in sums) for _, sums in at]
+        lo = [min(x["mean_step_s"] for x in sums) for _, sums in at]
+        hi = [max(x["mean_step_s"] for x in sums) for _, sums in at]
+        ax.plot([i for i, _ in at], med, marker="o", label=s)
+        ax.fill_between([i for i, _ in at], lo, hi, alpha=0.15)
     ax.set_xticks(xs, labels, fontsize=7, rotation=15)
     ax.set_ylabel("simulated time per step (s)")
     ax.set_title(title, fontsize=9)

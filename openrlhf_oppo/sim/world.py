@@ -5,12 +5,15 @@ subclass `World` and decide what to generate and when to train.
 A step, after its batch is ready (every schedule)::
 
     make_experience   reward forward (unless streamed) on the reward servers, in parallel with
-                      old-logprob, reference and critic forwards on the training devices
+                      old-logprob, reference and critic forwards on the training devices (or after
+                      them, on the training devices, with `split.reward_with_train`)
     train             actor + critic forward/backward on the training devices
     weight_sync       the actor's weights to the engines (engines pause)
 
 With `split.colocate` the engines pause while the training devices work (they are the
-same devices). Step latency is the gap between consecutive trainings' ends.
+same devices); with `split.sleep` each step also moves vLLM's weights and the DeepSpeed
+states out and back over PCIe (`memory.sleep_transfer_s`), before make_experience and
+inside the weight sync. Step latency is the gap between consecutive trainings' ends.
 """
 
 from __future__ import annotations
@@ -113,11 +116,15 @@ class World:
         slow = c.train_slowdown_shared if self.rollout.decoding() else 1.0
         self._hold_engines(now_s)
         t = now_s
-        for stage, dt in c.make_experience_s(tokens, w.reference, w.critic).items():
-            role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic"}[stage]
+        if c.sleep_transfer_s:  # the hybrid engine: vLLM sleeps, the DeepSpeed models come back
+            self.recorder.span("driver", 0, "offload", t, t + c.sleep_transfer_s)
+            t += c.sleep_transfer_s
+        on_train = self.cfg.split.reward_with_train and score_in_experience
+        for stage, dt in c.make_experience_s(tokens, w.reference, w.critic, reward=on_train).items():
+            role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic", "rewards": "reward"}[stage]
             self.recorder.span(role, TRAIN_WORKER, stage, t, t + dt * slow)
             t += dt * slow
-        if score_in_experience:
+        if score_in_experience and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += c.phase_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
@@ -150,7 +157,7 @@ class World:
     def weight_sync(self, now_s: float) -> float:
         """Broadcast the new weights; engines pause for it. Returns its end."""
         c = self.costs
-        end = now_s + c.weight_sync_s + c.phase_overhead_s
+        end = now_s + c.sleep_transfer_s + c.weight_sync_s + c.phase_overhead_s  # (the hybrid engine: vLLM wakes)
         self.rollout.pause(now_s)
         for e in range(len(self.rollout.engines)):
             self.recorder.span("rollout", e, "load_weights", now_s, end)

@@ -49,6 +49,8 @@ class Hardware:
     hbm_bytes_per_s: float = _f(0.0, "Device memory bandwidth in bytes/s.")
     nvlink_bytes_per_s: float = _f(0.0, "Intra-node device-to-device bandwidth (one direction) in bytes/s.")
     network_bytes_per_s: float = _f(0.0, "Inter-node bandwidth per node in bytes/s.")
+    pcie_bytes_per_s: float = _f(25.0e9, "Host-device copy bandwidth of one device (pinned memory), bytes/s: "
+                                         "the hybrid engine's offload and onload (`split.sleep`).")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,12 @@ class Split:
     colocate: bool = _f(True, "Training devices are the generate devices: decoding and training take turns.")
     tensor_parallel: int = _f(1, "Devices per rollout engine.")
     score_tensor_parallel: int = _f(1, "Devices per reward-model server.")
+    sleep: bool = _f(False, "Colocated only: OpenRLHF's hybrid engine (`--vllm.enable_sleep --ds.enable_sleep`): "
+                            "vLLM and the DeepSpeed models take the devices' memory in turn, moving their state "
+                            "over PCIe each step.")
+    reward_with_train: bool = _f(False, "The reward model is one of the DeepSpeed models on the training devices "
+                                        "(OpenRLHF's colocated models): its forward runs in make_experience, after "
+                                        "the others (needs score_gpus 0).")
 
 
 @dataclass(frozen=True)
@@ -300,6 +308,10 @@ def validate(cfg: SimConfig) -> None:
              "nodes, generate_gpus and train_gpus >= 1", (s.nodes, s.generate_gpus, s.train_gpus))
     _require(s.generate_gpus % s.tensor_parallel == 0, "split.tensor_parallel",
              f"a divisor of split.generate_gpus ({s.generate_gpus})", s.tensor_parallel)
+    _require(s.colocate or not s.sleep, "split.sleep", "false unless split.colocate (vLLM sleeps only where "
+             "training shares its devices)", s.sleep)
+    _require(s.score_gpus == 0 or not s.reward_with_train, "split.reward_with_train",
+             "false when split.score_gpus > 0 (the reward model is on its own devices)", s.reward_with_train)
     gpus = s.generate_gpus + s.score_gpus + (0 if s.colocate else s.train_gpus)
     if cfg.hardware is not None:
         _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train unless colocated) <= "

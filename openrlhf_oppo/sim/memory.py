@@ -1,0 +1,162 @@
+"""What each device holds in a simulated layout, and whether it fits.
+
+Per device (bytes), by the role's devices::
+
+    training devices   ZeRO-3 states of the actor and critic: bf16 weights + bf16 gradients + fp32
+                       Adam master weights, momentum and variance = 16 B a parameter, sharded over
+                       the training devices; the reference (and, `split.reward_with_train`, the
+                       reward model): bf16 weights sharded the same way; the parameters ZeRO-3
+                       gathers at once (DeepSpeed's `stage3_max_live_parameters`, 1e9: 2 GB);
+                       activations of one micro-batch of full-length samples with gradient
+                       checkpointing (a layer input kept per layer, one layer's working set, fp32
+                       logits and their gradient)
+    engine devices     vLLM claims `workload.kv_cache_fraction` of the device (its
+                       gpu_memory_utilization): the actor's weights over tensor_parallel, the rest KV
+    reward devices     the reward model's bf16 weights over score_tensor_parallel and the streaming
+                       scorer's forward working set (2 x max_batch_tokens of KV: the padded cache copy
+                       and the new KV)
+    every device       RESERVE_BYTES: CUDA context, NCCL buffers, allocator fragmentation
+
+Colocated devices hold the engines' and the training devices' items at once (vLLM stays awake),
+or, with `split.sleep` (OpenRLHF's hybrid engine: `--vllm.enable_sleep --ds.enable_sleep`), one
+side at a time: each step then moves vLLM's weights and the DeepSpeed states over PCIe, out and
+back (`sleep_transfer_s`). A colocated layout without sleep gives vLLM what the training side
+leaves (`fit_engines`), which may hold fewer sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from openrlhf_oppo.sim.presets import ModelShape, SimConfig
+
+GB = 1e9
+RESERVE_BYTES = 4 * GB
+LIVE_PARAMETERS = 1e9  # DeepSpeed's stage3_max_live_parameters default
+ADAM_BYTES_PER_PARAM = 16  # bf16 weight + bf16 grad + fp32 master, exp_avg, exp_avg_sq
+STREAM_MAX_BATCH_TOKENS = 32768  # the streaming scorer's default --oppo.streaming.max_batch_tokens
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """One kind of device in a layout: what each of them holds."""
+
+    devices: str  # "training", "engine", "colocated", "reward"
+    items: tuple[tuple[str, float], ...]  # (what, bytes per device)
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return sum(b for _, b in self.items)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{what} {b / GB:.1f}" for what, b in self.items if b > 0)
+        return f"{self.devices} devices: {self.total / GB:.1f} GB of {self.capacity / GB:.0f} GB ({parts})"
+
+
+def _activations(cfg: SimConfig, m: ModelShape) -> float:
+    w, ln = cfg.workload, cfg.lengths
+    tokens = w.micro_batch_size * (ln.prompt_tokens + ln.cap_tokens)
+    checkpoints = 2 * m.layers * tokens * m.hidden
+    layer = 2 * tokens * (10 * m.hidden + 4 * m.intermediate)
+    logits = 8 * tokens * m.vocab  # fp32 logits and their gradient
+    return checkpoints + layer + logits
+
+
+def training_items(cfg: SimConfig) -> list[tuple[str, float]]:
+    s, w, actor = cfg.split, cfg.workload, cfg.actor
+    reward = cfg.reward or actor
+    critic = cfg.critic or reward
+    n = s.nodes * s.train_gpus
+    items = [("actor ZeRO-3 states", ADAM_BYTES_PER_PARAM * actor.params / n)]
+    if w.critic:
+        items.append(("critic ZeRO-3 states", ADAM_BYTES_PER_PARAM * critic.params / n))
+    if w.reference:
+        items.append(("reference", 2 * actor.params / n))
+    if s.reward_with_train:
+        items.append(("reward model", 2 * reward.params / n))
+    items.append(("ZeRO-3 live parameters", 2 * LIVE_PARAMETERS))
+    items.append(("activations", _activations(cfg, critic if w.critic and critic.params > actor.params else actor)))
+    return items
+
+
+def engine_items(cfg: SimConfig) -> list[tuple[str, float]]:
+    s, actor = cfg.split, cfg.actor
+    claim = cfg.workload.kv_cache_fraction * cfg.hardware.hbm_bytes
+    weights = actor.weight_bytes / s.tensor_parallel
+    return [("vLLM weights", weights), ("vLLM KV cache", max(0.0, claim - weights))]
+
+
+def scorer_items(cfg: SimConfig) -> list[tuple[str, float]]:
+    s = cfg.split
+    reward = cfg.reward or cfg.actor
+    working = 2 * STREAM_MAX_BATCH_TOKENS * reward.kv_bytes_per_token / s.score_tensor_parallel
+    return [("reward weights", reward.weight_bytes / s.score_tensor_parallel), ("reward forward", working)]
+
+
+def _scorers_on_engines(s) -> bool:
+    return s.score_gpus == 0 and not s.reward_with_train
+
+
+def plan(cfg: SimConfig) -> list[DeviceUse]:
+    """What each kind of device holds (requires `hardware` and `actor`)."""
+    s, cap = cfg.split, cfg.hardware.hbm_bytes
+    reserve = [("reserve", RESERVE_BYTES)]
+    train, engines = training_items(cfg), engine_items(cfg)
+    out = []
+    if s.colocate:
+        scorer = scorer_items(cfg) if _scorers_on_engines(s) else []
+        if s.sleep:  # one side at a time: the larger must fit
+            side = max((train, engines + scorer), key=lambda x: sum(b for _, b in x))
+            out.append(DeviceUse("colocated", tuple(side + reserve), cap))
+        else:
+            out.append(DeviceUse("colocated", tuple(engines + scorer + train + reserve), cap))
+    else:
+        out.append(DeviceUse("training", tuple(train + reserve), cap))
+        out.append(DeviceUse("engine", tuple(engines + (scorer_items(cfg) if _scorers_on_engines(s) else [])
+                                             + reserve), cap))
+    if s.score_gpus:
+        out.append(DeviceUse("reward", tuple(scorer_items(cfg) + reserve), cap))
+    return out
+
+
+def overflow(cfg: SimConfig) -> list[str]:
+    """The devices that do not fit, each described; empty when the layout fits. Also an engine whose
+    KV cache cannot hold one full-length sequence (vLLM refuses to start)."""
+    msgs = [f"{u.describe()}: over by {(u.total - u.capacity) / GB:.1f} GB" for u in plan(cfg) if not u.fits]
+    kv = dict(engine_items(cfg))["vLLM KV cache"]
+    ln = cfg.lengths
+    need = cfg.actor.kv_bytes_per_token / cfg.split.tensor_parallel * (ln.prompt_tokens + ln.cap_tokens)
+    if kv < need:
+        msgs.append(f"engine devices: a KV cache of {kv / GB:.1f} GB cannot hold one {ln.prompt_tokens} + "
+                    f"{ln.cap_tokens} token sequence ({need / GB:.2f} GB)")
+    return msgs
+
+
+def fit_engines(cfg: SimConfig) -> SimConfig:
+    """A colocated layout with vLLM awake: vLLM's share (`workload.kv_cache_fraction`) lowered to
+    what the training side, the scorer and the reserve leave, never raised; other layouts as given."""
+    s = cfg.split
+    if not s.colocate or s.sleep:
+        return cfg
+    cap = cfg.hardware.hbm_bytes
+    others = sum(b for _, b in training_items(cfg)) + RESERVE_BYTES
+    if _scorers_on_engines(s):
+        others += sum(b for _, b in scorer_items(cfg))
+    share = min(cfg.workload.kv_cache_fraction, max(0.0, (cap - others) / cap))
+    return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, kv_cache_fraction=share))
+
+
+def sleep_transfer_s(cfg: SimConfig) -> float:
+    """One direction of the hybrid engine's per-step moves, per device (all devices in parallel):
+    vLLM's weights and the DeepSpeed states over PCIe; 0 without `split.sleep`."""
+    if not cfg.split.sleep:
+        return 0.0
+    moved = cfg.actor.weight_bytes / cfg.split.tensor_parallel
+    moved += sum(b for what, b in training_items(cfg) if what not in ("activations", "ZeRO-3 live parameters"))
+    return moved / cfg.hardware.pcie_bytes_per_s
