@@ -73,6 +73,10 @@ def main(argv: list[str]) -> int:
             _print_refused_layouts(space)
         else:
             sim = report.run_all(base, schedules)
+        if not sim.runs:
+            report.print_layouts(sim, tried)
+            print("nothing simulated: no schedule can run in a layout that fits (see above)")
+            return 1
         report.print_tables(sim)
         report.print_layouts(sim, tried)
         _print_staleness(sim)

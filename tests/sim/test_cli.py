@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from openrlhf_oppo.cli.main import main
@@ -73,12 +75,17 @@ def test_a_paper_preset_prints_the_calibration_table(capsys, tmp_path):
         "workload.seeds=1",
         "workload.batch_groups=32",
         "delta.max=16",
+        "paper.intra=1.2",
         "--no-plot",
         "--output",
         str(tmp_path),
     )
     assert rc == 0
     assert "calibration against the paper" in out and "verdict" in out and "2.06" in out
+    # ±20 % of 1.20 holds 1.00 (no effect): that row gives no verdict; 2.06 and 2.50 decide
+    rows = {r["ablation"]: r for r in json.loads((tmp_path / "summary.json").read_text())["calibration"]}
+    assert rows["intra"]["ok"] is None and "no verdict" in out
+    assert rows["inter"]["ok"] is not None and rows["both"]["ok"] is not None
 
 
 def test_a_sweep_prints_one_row_per_value(capsys, tmp_path):
