@@ -54,6 +54,7 @@ class CostModel:
     train_slowdown_shared: float
     reward_forward_per_token_s: float = 0.0  # the reward model's forward on the training pool (split.reward_with_train)
     sleep_transfer_s: float = 0.0  # the hybrid engine (split.sleep): one switch of the devices, vLLM <-> training
+    stream_call_s: float = 0.0  # a streamed forward call on the training devices, per model: its ZeRO-3 gather
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -146,7 +147,8 @@ def _layout(cfg: SimConfig) -> dict:
 
 def _measured_only(cfg: SimConfig) -> CostModel:
     e = cfg.efficiency
-    return CostModel(decode_overhead_s=0.0, decode_weights_read_s=0.0, decode_kv_read_per_token_s=0.0,
+    return CostModel(stream_call_s=e.phase_overhead_s,  # the measured make_experience phase: gathers, round trips
+                     decode_overhead_s=0.0, decode_weights_read_s=0.0, decode_kv_read_per_token_s=0.0,
                      decode_compute_per_seq_s=0.0, prefill_call_s=0.0, prefill_weights_read_s=0.0,
                      prefill_per_token_s=0.0, prefill_per_pair_s=0.0, prefill_per_chunk_s=e.chunk_overhead_s,
                      forward_per_token_s=0.0, critic_forward_per_token_s=0.0, reward_forward_per_token_s=0.0,
@@ -162,7 +164,9 @@ def _roofline(cfg: SimConfig) -> CostModel:
     bw = hw.hbm_bytes_per_s * e.decode_bandwidth
     train_flops = s.nodes * s.train_gpus * hw.peak_bf16_flops
     link = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s
+    gather = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node  # per device
     return CostModel(
+        stream_call_s=e.forward_overhead_s + actor.weight_bytes / (gather * e.link_efficiency),
         decode_overhead_s=e.decode_step_overhead_s,
         decode_weights_read_s=actor.weight_bytes / (tp * bw),
         decode_kv_read_per_token_s=actor.kv_bytes_per_token / (tp * bw),

@@ -80,6 +80,7 @@ class World:
         self.records: list[StepRecord] = []
         self.decoded_at: list[tuple[float, int]] = []
         self.version = 0  # weight syncs so far
+        self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
 
     # ----------------------------------------------------------------- hooks (drivers override)
 
@@ -109,18 +110,25 @@ class World:
         return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
 
     def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
-                             score_in_experience: bool) -> float:
-        """make_experience and train from `now_s`; the end of training. Records the spans."""
+                             score_in_experience: bool, streamed: dict[str, int] | None = None) -> float:
+        """make_experience and train from `now_s`; the end of training. Records the spans.
+        `streamed`: make_experience stages streamed during generation -> the tokens still to
+        forward in them (`sim.streamer`)."""
         c, w = self.costs, self.cfg.workload
         tokens = self.train_tokens(lengths)
         slow = c.train_slowdown_shared if self.rollout.decoding() else 1.0
         self._hold_engines(now_s)
         t = now_s
+        streamer = self.streamer
+        if streamer is not None:  # a streamed forward in progress holds the devices
+            t = max(t, streamer.busy_until_s)
         if c.sleep_transfer_s:  # the hybrid engine: vLLM sleeps, the DeepSpeed models come back
             self.recorder.span("driver", 0, "offload", t, t + c.sleep_transfer_s)
             t += c.sleep_transfer_s
         on_train = self.cfg.split.reward_with_train and score_in_experience
-        for stage, dt in c.make_experience_s(tokens, w.reference, w.critic, reward=on_train).items():
+        left = {stage: c.make_experience_s(n, w.reference, w.critic, reward=on_train)[stage]
+                for stage, n in (streamed or {}).items()}
+        for stage, dt in {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}.items():
             role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic", "rewards": "reward"}[stage]
             self.recorder.span(role, TRAIN_WORKER, stage, t, t + dt * slow)
             t += dt * slow
@@ -137,6 +145,8 @@ class World:
         end = t + train_s
         self.train_busy.append((now_s, end))
         self.loop.at(end, self._release_engines, end)
+        if streamer is not None:  # the devices train, then send the weights
+            streamer.hold(end + self.sync_s())
         return end
 
     def score_whole(self, now_s: float, lengths: list[int], sample_ids: list[int]) -> float:
@@ -156,14 +166,18 @@ class World:
 
     def weight_sync(self, now_s: float) -> float:
         """Broadcast the new weights; engines pause for it. Returns its end."""
-        c = self.costs
-        end = now_s + c.sleep_transfer_s + c.weight_sync_s + c.phase_overhead_s  # (the hybrid engine: vLLM wakes)
+        end = now_s + self.sync_s()
         self.rollout.pause(now_s)
         for e in range(len(self.rollout.engines)):
             self.recorder.span("rollout", e, "load_weights", now_s, end)
         self.recorder.span("driver", 0, "weight_sync", now_s, end)
         self.loop.at(end, self._synced, end)
         return end
+
+    def sync_s(self) -> float:
+        """A weight sync's duration (with the hybrid engine, vLLM wakes first)."""
+        c = self.costs
+        return c.sleep_transfer_s + c.weight_sync_s + c.phase_overhead_s
 
     def _synced(self, now_s: float) -> None:
         self.version += 1

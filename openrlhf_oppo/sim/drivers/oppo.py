@@ -32,6 +32,7 @@ from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
+from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, TrainStreamer
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 _ZEROS = array("i", bytes(4 * 4096))  # token ids do not matter to the scheduler
@@ -57,12 +58,13 @@ class OppoDriver(World):
         super().__init__(cfg, costs, seed)
         self.name = name
         oppo = schedule_oppo_config(name, oppo_config_module.to_dict(cfg.oppo))
-        extra = [s for s in oppo.streaming.scorers() if s != "reward"]
-        if extra:
-            raise ValueError(f"--set streaming.{extra[0]}: only the reward model's streaming is simulated")
         w = cfg.workload
         self.sched = OverlapScheduler(oppo, batch_groups=w.batch_groups, samples_per_group=w.samples_per_group)
         self.streaming = bool(self.sched.scorers)
+        self.reward_streamed = "reward" in self.sched.scorers
+        on_train = tuple(n for n in self.sched.scorers if n in TRAIN_STREAMED)
+        if on_train:
+            self.streamer = TrainStreamer(self, on_train, self.on_streamed)
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.reqs: dict[int, Request] = {}
         self.step = 0  # the open step (under async admission: begun while the trainer trains the one before)
@@ -128,7 +130,11 @@ class OppoDriver(World):
     def send(self, chunks: list, now_s: float) -> None:
         if chunks and self.streaming:
             p = self.cfg.lengths.prompt_tokens
-            self.scorer.submit([(ch.sample_id, ch.start, ch.end, ch.final, p) for ch in chunks], now_s)
+            items = [(ch.sample_id, ch.start, ch.end, ch.final, p) for ch in chunks]
+            if self.reward_streamed:
+                self.scorer.submit(items, now_s)
+            if self.streamer is not None:
+                self.streamer.submit(items, now_s)
 
     def flush(self, now_s: float) -> None:
         """Hand every decoded token to the scheduler (before a version change or a new C)."""
@@ -136,7 +142,13 @@ class OppoDriver(World):
         self.send(self.report(running, []), now_s)
 
     def on_scored(self, items: list[tuple], now_s: float) -> None:
-        for name in self.sched.scorers:
+        self._ack(("reward",), items, now_s)
+
+    def on_streamed(self, items: list[tuple], now_s: float) -> None:
+        self._ack(self.streamer.names, items, now_s)
+
+    def _ack(self, names: tuple[str, ...], items: list[tuple], now_s: float) -> None:
+        for name in names:
             self.sched.on_scored_many(name, [(it[0], it[1], it[2], it[3]) for it in items])
         self.check_batch(now_s)
 
@@ -162,9 +174,21 @@ class OppoDriver(World):
             report = self.sched.end_step(stats)
             self.step += 1
             self.admit(now_s)
-        lengths = [s.num_tokens for s in samples]
-        train_end = self.experience_and_train(now_s, lengths, [s.sample_id for s in samples], not self.streaming)
+        lengths, ids = [s.num_tokens for s in samples], [s.sample_id for s in samples]
+        train_end = self.experience_and_train(now_s, lengths, ids, not self.reward_streamed, self._left(ids, lengths))
         self.loop.at(train_end, self.sync_and_adapt, step, batch, stats, report, wait_start_s, now_s)
+
+    def _left(self, ids: list[int], lengths: list[int]) -> dict[str, int] | None:
+        """Streamed make_experience stages -> tokens still to forward (a carried sample's
+        values and old log-probs again, whole, under the weights the step trains from)."""
+        if self.streamer is None:
+            return None
+        w, names = self.cfg.workload, self.streamer.names
+        left = {"ref_logprobs": 0} if "reference" in names and w.reference else {}
+        if "critic" in names:
+            again = self.streamer.recompute(ids, lengths)
+            left.update({"old_logprobs": again, **({"values": again} if w.critic else {})})
+        return left
 
     def sync_and_adapt(self, step: int, batch: TrainBatch, stats: StepStats, report: StepReport | None,
                        wait_start_s: float, ready_s: float) -> None:

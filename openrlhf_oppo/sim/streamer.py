@@ -1,0 +1,88 @@
+"""Streamed make_experience forwards on the training devices: OPPO's `streaming.reference` (the
+reference model's log-probs) and `streaming.critic` (the critic's values and the actor's old
+log-probs, the forwards of the weights being trained).
+
+The training devices hold the reference, critic and actor. While they neither make experience
+nor train (in a disaggregated layout: while the engines generate) they prefill chunks as the
+reward servers do: every queued chunk in one call, costing the streamed models' per-token
+forwards plus, per call, a ZeRO-3 gather of each streamed model's weights (`stream_call_s`).
+Colocated, the devices are the engines': a call pauses every engine.
+
+The reference is frozen: a chunk prefilled once is final. Values and old log-probs must come from
+the weights the step trains from, so a sample any of whose chunks were prefilled under an older
+version (a carried sample, after an update) is recomputed whole in make_experience, never mixed
+across versions (`recomputed_tokens`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+TRAIN_STREAMED = ("reference", "critic")  # the scorer names the training devices stream
+
+
+class TrainStreamer:
+    """The training devices as a scorer of `names` (a subset of TRAIN_STREAMED)."""
+
+    def __init__(self, world, names: tuple[str, ...], on_done: Callable[[list, float], None]) -> None:
+        self.world = world
+        self.names = names
+        self.on_done = on_done
+        c, w = world.costs, world.cfg.workload
+        self.per_token_s = 0.0
+        if "reference" in names:
+            self.per_token_s += c.forward_per_token_s
+        if "critic" in names:
+            self.per_token_s += c.forward_per_token_s + (c.critic_forward_per_token_s if w.critic else 0.0)
+        self.call_s = c.stream_call_s * len(names)
+        self.queue: list[tuple] = []
+        self.active = False
+        self.busy_until_s = 0.0  # the call in progress ends
+        self.free_at_s = 0.0  # the devices make experience / train until then
+        self.version_of: dict[int, int] = {}  # sample -> oldest weights version its chunks were prefilled under
+        self.recomputed_tokens = 0
+
+    def submit(self, items: list[tuple], now_s: float) -> None:
+        """items: (sample_id, start, end, final, prefix_tokens), as the reward servers get them."""
+        self.queue.extend(items)
+        self.kick(now_s)
+
+    def hold(self, until_s: float) -> None:
+        """The devices make experience and train until `until_s`; calls wait for it."""
+        self.free_at_s = until_s
+        self.world.loop.at(until_s, self.kick, until_s)
+
+    def kick(self, now_s: float) -> None:
+        if self.active or not self.queue or now_s < self.free_at_s:
+            return
+        items, self.queue = self.queue, []
+        dt = self.call_s + self.per_token_s * sum(it[2] - it[1] for it in items)
+        if self.world.cfg.split.colocate:
+            self.world.rollout.pause(now_s)
+        self.active = True
+        self.busy_until_s = now_s + dt
+        self.world.loop.at(now_s + dt, self._done, items, now_s)
+
+    def _done(self, items: list[tuple], t0_s: float) -> None:
+        now_s = self.world.loop.now_s
+        self.active = False
+        self.world.train_busy.append((t0_s, now_s))
+        self.world.recorder.span("actor", 0, "stream_forward", t0_s, now_s, tokens=sum(it[2] - it[1] for it in items))
+        if self.world.cfg.split.colocate:
+            self.world.rollout.resume(now_s)
+        if "critic" in self.names:
+            for it in items:
+                self.version_of.setdefault(it[0], self.world.version)
+        self.on_done(items, now_s)
+        self.kick(now_s)
+
+    def recompute(self, sample_ids: list[int], lengths: list[int]) -> int:
+        """Tokens make_experience forwards again for the values and old log-probs: every sample of
+        the batch with a chunk prefilled under older weights than the current ones, whole."""
+        if "critic" not in self.names:
+            return 0
+        p, now = self.world.cfg.lengths.prompt_tokens, self.world.version
+        tokens = sum(p + n for sid, n in zip(sample_ids, lengths, strict=True)
+                     if self.version_of.pop(sid, now) < now)
+        self.recomputed_tokens += tokens
+        return tokens
