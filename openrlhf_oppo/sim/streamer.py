@@ -29,12 +29,14 @@ class TrainStreamer:
         self.names = names
         self.on_done = on_done
         c, w = world.costs, world.cfg.workload
-        self.per_token_s = 0.0
+        self.per_token_s, models = 0.0, 0
         if "reference" in names:
             self.per_token_s += c.forward_per_token_s
-        if "critic" in names:
+            models += 1
+        if "critic" in names:  # the actor's old log-probs, and the critic's values with a critic
             self.per_token_s += c.forward_per_token_s + (c.critic_forward_per_token_s if w.critic else 0.0)
-        self.call_s = c.stream_call_s * len(names)
+            models += 2 if w.critic else 1
+        self.call_s = c.stream_call_s * models
         self.queue: list[tuple] = []
         self.active = False
         self.busy_until_s = 0.0  # the call in progress ends
