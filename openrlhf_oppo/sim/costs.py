@@ -51,6 +51,7 @@ class CostModel:
     seqs_per_engine: int  # concurrent sequences an engine holds (max_num_seqs, KV capacity)
     decode_slowdown_shared: float
     train_slowdown_shared: float
+    fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -97,10 +98,11 @@ class CostModel:
             out["ref_logprobs"] = self.forward_per_token_s * tokens
         if critic:
             out["values"] = self.critic_forward_per_token_s * tokens
-        return out
+        fixed = dict(self.fixed_stage_s)
+        return {stage: s + fixed.get(stage, 0.0) for stage, s in out.items()}
 
     def train_s(self, tokens: int) -> float:
-        return self.train_per_token_s * tokens
+        return self.train_per_token_s * tokens + dict(self.fixed_stage_s).get("train", 0.0)
 
 
 def build(cfg: SimConfig) -> CostModel:
@@ -123,7 +125,10 @@ def build(cfg: SimConfig) -> CostModel:
         updates["weight_sync_s"] = m.weight_sync_s
     from dataclasses import replace
 
-    return replace(base, **updates)
+    from openrlhf_oppo.sim import overheads
+
+    model = replace(base, **updates)
+    return replace(model, **overheads.updates(cfg, model.train_per_token_s, model.weight_sync_s))
 
 
 def _layout(cfg: SimConfig) -> dict:
