@@ -55,6 +55,7 @@ class CostModel:
     reward_forward_per_token_s: float = 0.0  # the reward model's forward on the training pool (split.reward_with_train)
     sleep_transfer_s: float = 0.0  # the hybrid engine (split.sleep): one switch of the devices, vLLM <-> training
     stream_call_s: float = 0.0  # a streamed forward call on the training devices, per model: its ZeRO-3 gather
+    fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -104,10 +105,11 @@ class CostModel:
             out["values"] = self.critic_forward_per_token_s * tokens
         if reward:
             out["rewards"] = self.reward_forward_per_token_s * tokens
-        return out
+        fixed = dict(self.fixed_stage_s)
+        return {stage: s + fixed.get(stage, 0.0) for stage, s in out.items()}
 
     def train_s(self, tokens: int) -> float:
-        return self.train_per_token_s * tokens
+        return self.train_per_token_s * tokens + dict(self.fixed_stage_s).get("train", 0.0)
 
 
 def build(cfg: SimConfig) -> CostModel:
@@ -131,7 +133,10 @@ def build(cfg: SimConfig) -> CostModel:
         updates["weight_sync_s"] = m.weight_sync_s
     from dataclasses import replace
 
-    return replace(base, **updates)
+    from openrlhf_oppo.sim import overheads
+
+    model = replace(base, **updates)
+    return replace(model, **overheads.updates(cfg, model.train_per_token_s, model.weight_sync_s))
 
 
 def _layout(cfg: SimConfig) -> dict:

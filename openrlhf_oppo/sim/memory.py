@@ -7,9 +7,9 @@ Per device (bytes), by the role's devices::
                        the training devices; the reference (and, `split.reward_with_train`, the
                        reward model): bf16 weights sharded the same way; the parameters ZeRO-3
                        gathers at once (DeepSpeed's `stage3_max_live_parameters`, 1e9: 2 GB);
-                       activations of one micro-batch of full-length samples with gradient
-                       checkpointing (a layer input kept per layer, one layer's working set, fp32
-                       logits and their gradient)
+                       activations of one micro-batch of full-length samples (with
+                       `workload.gradient_checkpointing` a layer input per layer and one layer's
+                       working set, without it every layer's), fp32 logits and their gradient
     engine devices     vLLM claims `workload.kv_cache_fraction` of the device (its
                        gpu_memory_utilization): the actor's weights over tensor_parallel, the rest KV
     reward devices     the reward model's bf16 weights over score_tensor_parallel and the streaming
@@ -60,12 +60,14 @@ class DeviceUse:
 
 
 def _activations(cfg: SimConfig, m: ModelShape) -> float:
+    """One micro-batch of full-length samples: with `workload.gradient_checkpointing` a layer input
+    per layer and one layer's working set, without it every layer's working set; fp32 logits and
+    their gradient either way."""
     w, ln = cfg.workload, cfg.lengths
     tokens = w.micro_batch_size * (ln.prompt_tokens + ln.cap_tokens)
-    checkpoints = 2 * m.layers * tokens * m.hidden
     layer = 2 * tokens * (10 * m.hidden + 4 * m.intermediate)
-    logits = 8 * tokens * m.vocab  # fp32 logits and their gradient
-    return checkpoints + layer + logits
+    kept = 2 * m.layers * tokens * m.hidden + layer if w.gradient_checkpointing else m.layers * layer
+    return kept + 8 * tokens * m.vocab
 
 
 def training_items(cfg: SimConfig) -> list[tuple[str, float]]:

@@ -49,8 +49,9 @@ class Hardware:
     hbm_bytes_per_s: float = _f(0.0, "Device memory bandwidth in bytes/s.")
     nvlink_bytes_per_s: float = _f(0.0, "Intra-node device-to-device bandwidth (one direction) in bytes/s.")
     network_bytes_per_s: float = _f(0.0, "Inter-node bandwidth per node in bytes/s.")
-    pcie_bytes_per_s: float = _f(25.0e9, "Host-device copy bandwidth of one device (pinned memory), bytes/s: "
-                                         "the hybrid engine's offload and onload (`split.sleep`).")
+    pcie_bytes_per_s: float = _f(32.0e9, "Host-device bandwidth of one device (one direction) in bytes/s: the "
+                                         "hybrid engine's sleep moves (`split.sleep`) and parameter and optimizer "
+                                         "offload (default: PCIe Gen4 x16).")
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,13 @@ class Workload:
     packing: bool = _f(True, "Samples packed in training (no padding).")
     reward_tau_steps: float = _f(20.0, "Synthetic reward curve 1 - exp(-step/tau) (drives the adaptive Δ).")
     reward_noise: float = _f(0.02, "Standard deviation of the per-step mean reward's noise.")
+    reward_model: bool = _f(True, "A reward model scores each sample (False: a rule reward, no reward forward).")
+    offload_params: bool = _f(False, "Training weights live on the host between phases (verl's FSDP param_offload): "
+                                     "each phase that uses a model loads and offloads its weights over PCIe.")
+    offload_optimizer: bool = _f(False, "Optimizer states live on the host between updates (verl's FSDP "
+                                        "optimizer_offload): each update loads and offloads them over PCIe.")
+    gradient_checkpointing: bool = _f(False, "Activations are recomputed in the backward pass "
+                                             "(8 N instead of 6 N flops per trained token).")
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,23 @@ class PaperTargets:
 
 
 @dataclass(frozen=True)
+class PublishedRun:
+    """A published run's time per step and stage split, for `simulate published` (0: not published)."""
+
+    step_s: float = _f(0.0, "Time per step.")
+    generation_s: float = _f(0.0, "Generation (verl's timing_s/gen: includes the weight resharding).")
+    old_logprobs_s: float = _f(0.0, "Old-logprob forward.")
+    reference_s: float = _f(0.0, "Reference forward.")
+    values_s: float = _f(0.0, "Critic forward.")
+    reward_s: float = _f(0.0, "Scoring (a reward model's forward, or a rule reward on the host).")
+    update_s: float = _f(0.0, "Actor (and critic) update.")
+    weight_sync_s: float = _f(0.0, "Weight sync to the engines, where reported apart.")
+    experience_s: float = _f(0.0, "Generation and make_experience's forwards as one figure "
+                                  "(OpenRLHF's benchmark 'Generation' latency).")
+    source: str = _f("", "Where the figures come from.")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """A whole simulated setup."""
 
@@ -210,6 +235,7 @@ class SimConfig:
     costs: Costs = _f(Costs(), "Measured costs (override the roofline's).")
     oppo: OppoConfig = _f(OppoConfig(), "OPPO's settings (openrlhf_oppo.config).")
     paper: PaperTargets = _f(PaperTargets(), "The paper's ablation figures (calibration presets).")
+    published: PublishedRun = _f(PublishedRun(), "A published run's figures (`simulate published`).")
 
 
 # ---------------------------------------------------------------------------- loading
@@ -317,7 +343,11 @@ def validate(cfg: SimConfig) -> None:
         _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train unless colocated) <= "
                  f"split.gpus_per_node ({s.gpus_per_node})", gpus)
     measured = cfg.costs.measured_decode
-    _require(measured or (cfg.hardware is not None and cfg.actor is not None and cfg.reward is not None),
+    reward_ok = cfg.reward is not None or not w.reward_model  # a rule reward needs no reward shape
+    _require(measured or (cfg.hardware is not None and cfg.actor is not None and reward_ok),
              "hardware", "set (with actor and reward) unless the decode costs (costs.decode_*) are measured",
              cfg.hardware)
+    offload = w.offload_params or w.offload_optimizer
+    _require(not offload or (cfg.hardware is not None and cfg.actor is not None), "workload.offload_params",
+             "false unless hardware and actor are set (offload is charged over hardware.pcie_bytes_per_s)", offload)
 
