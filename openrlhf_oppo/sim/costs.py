@@ -51,6 +51,7 @@ class CostModel:
     seqs_per_engine: int  # concurrent sequences an engine holds (max_num_seqs, KV capacity)
     decode_slowdown_shared: float
     train_slowdown_shared: float
+    experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -132,6 +133,7 @@ def _layout(cfg: SimConfig) -> dict:
     scorers = s.nodes * (s.score_gpus // s.score_tensor_parallel if s.score_gpus else engines)
     return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
+                experience_overhead_s=e.experience_overhead_s,
                 decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)
 
 

@@ -119,7 +119,7 @@ class World:
             t += dt * slow
         if score_in_experience:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
-        t += c.phase_overhead_s
+        t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
         train_s = c.train_s(tokens) * slow + c.phase_overhead_s
         actor_share = 1.0 / (2.0 if w.critic else 1.0)  # the actor and critic fits draw as two spans

@@ -129,6 +129,8 @@ class Efficiency:
     phase_overhead_s: float = _f(0.5, "Per make_experience / train / sync phase: Ray round trips, "
                                       "ZeRO-3 gathers.")
     generate_overhead_s: float = _f(0.2, "Per generate call: request submission and result gathering.")
+    experience_overhead_s: float = _f(0.0, "Per make_experience beyond phase_overhead_s: dispatching to the "
+                                           "actor, critic, reference and reward groups (`simulate calibrate`).")
     weight_sync_base_s: float = _f(0.2, "Fixed cost of a weight sync (pause, NCCL set-up).")
     decode_slowdown_shared: float = _f(1.0, "Decode step time factor while another role computes on the "
                                             "same host (1: none; a CPU host's shared cores: above 1).")
