@@ -85,14 +85,16 @@ class ModelShape:
 class Lengths:
     """Response lengths in tokens (the prompt length is a constant)."""
 
-    kind: str = _f("lognormal", "'lognormal' (fitted to mean/std, clipped at cap), 'quantiles' or 'empirical'.")
+    kind: str = _f("lognormal", "'lognormal' (fitted to mean/std, clipped at cap), 'quantiles', 'empirical' "
+                                "(drawn from the list) or 'replay' (the list in order: response j of prompt p "
+                                "is entry p x n + j, wrapping; a simulated run replays a measured one).")
     mean_tokens: float = _f(300.0, "lognormal: mean of the unclipped distribution (tokens).")
     std_tokens: float = _f(300.0, "lognormal: standard deviation of the unclipped distribution (tokens).")
     cap_tokens: int = _f(1024, "Maximum new tokens; longer responses stop here (finish reason 'length').")
     min_tokens: int = _f(1, "Shortest response (tokens).")
     quantiles: tuple[tuple[float, float], ...] = _f((), "quantiles: (probability, tokens) points of the CDF, "
                                                         "interpolated log-linearly.")
-    path: str = _f("", "empirical: a run's rollouts.jsonl, or a JSON list of response lengths "
+    path: str = _f("", "empirical, replay: a run's rollouts.jsonl, or a JSON list of response lengths "
                        "(relative paths: to openrlhf_oppo/sim/presets/).")
     prompt_tokens: int = _f(128, "Prompt length (tokens); rollouts.jsonl lengths subtract it.")
 
@@ -294,8 +296,8 @@ def validate(cfg: SimConfig) -> None:
     _require(w.seeds >= 1, "workload.seeds", ">= 1", w.seeds)
     _require(cfg.oppo.delta.max <= w.batch_groups, "delta.max", f"<= workload.batch_groups ({w.batch_groups})",
              cfg.oppo.delta.max)
-    _require(lengths.kind in ("lognormal", "quantiles", "empirical"), "lengths.kind",
-             "one of lognormal, quantiles, empirical", lengths.kind)
+    _require(lengths.kind in ("lognormal", "quantiles", "empirical", "replay"), "lengths.kind",
+             "one of lognormal, quantiles, empirical, replay", lengths.kind)
     _require(lengths.cap_tokens >= lengths.min_tokens >= 1, "lengths.cap_tokens", ">= lengths.min_tokens >= 1",
              lengths.cap_tokens)
     _require(s.nodes >= 1 and s.generate_gpus >= 1 and s.train_gpus >= 1, "split",
