@@ -106,11 +106,14 @@ class World:
         return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
 
     def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
-                             score_in_experience: bool) -> float:
-        """make_experience and train from `now_s`; the end of training. Records the spans."""
+                             score_in_experience: bool, decoding: bool | None = None) -> float:
+        """make_experience and train from `now_s`; the end of training. Records the spans.
+        `decoding`: responses decode beside this step (None: an engine is decoding now), so on a
+        shared host it runs `train_slowdown_shared` slower (a driver that starts a generate call
+        at this instant says so: its requests reach the engines a moment later)."""
         c, w = self.costs, self.cfg.workload
         tokens = self.train_tokens(lengths)
-        slow = c.train_slowdown_shared if self.rollout.decoding() else 1.0
+        slow = c.train_slowdown_shared if (self.rollout.decoding() if decoding is None else decoding) else 1.0
         self._hold_engines(now_s)
         t = now_s
         for stage, dt in c.make_experience_s(tokens, w.reference, w.critic).items():
