@@ -88,7 +88,7 @@ def print_validation(v: Validation, title: str, simulated_label: str) -> None:
     print(title)
     head = ["schedule", "measured mean step s", f"simulated ({simulated_label})", "sim/measured",
             f"verdict (±{pct}%)"]
-    widths = [11, 22, 24, 12, 18]
+    widths = [11, 22, 27, 12, 18]
     print(" ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(head, widths))))
     for r in v.rows:
         cells = [r.schedule, fmt(r.measured, ".2f"), fmt(r.simulated, ".2f"), f"{r.ratio:.2f}", verdict(r, v.tolerance)]
@@ -143,13 +143,19 @@ def measure(runs: list[Path], warmup_steps: int) -> dict[Path, dict]:
 # ------------------------------------------------------------------------- simulated
 
 
-def simulate_mean_step_s(cfg: presets.SimConfig, schedule: str, seed: int) -> float:
+def simulate_mean_step_s(cfg: presets.SimConfig, schedule: str, seed: int, timeline_dir: Path | None = None) -> float:
     res = drivers.simulate(cfg, cost_model.build(cfg), schedule, seed)
+    if timeline_dir is not None:
+        from openrlhf_oppo.sim.report import write_timeline
+
+        write_timeline(res, timeline_dir)
     return statistics.fmean(drivers.step_latencies_s(res, cfg.workload.warmup_steps))
 
 
-def replayed(runs: dict[Path, dict], preset: str, sets: list[str], tmp: Path) -> dict[str, list[float]]:
-    """One simulated run per measured run, on that run's own lengths (its repeat index as the seed)."""
+def replayed(runs: dict[Path, dict], preset: str, sets: list[str], tmp: Path,
+             output: Path | None = None) -> dict[str, list[float]]:
+    """One simulated run per measured run, on that run's own lengths (its repeat index as the seed);
+    with `output`, its timeline as OUTPUT/<run name>/timeline/ (`openrlhf-oppo plot compare` draws both)."""
     out: dict[str, list[float]] = {}
     for k, (run, summary) in enumerate(runs.items()):
         base = presets.load_preset(preset, sets)
@@ -158,16 +164,16 @@ def replayed(runs: dict[Path, dict], preset: str, sets: list[str], tmp: Path) ->
         cfg = presets.load_preset(preset, [*sets, "lengths.kind=replay", f"lengths.path={lengths}",
                                            f"workload.steps={summary['steps']}"])
         seed = int(run.name.rsplit("-", 1)[1])
-        out.setdefault(schedule_of(run), []).append(simulate_mean_step_s(cfg, schedule_of(run), seed))
+        sim_dir = output / run.name if output is not None else None
+        out.setdefault(schedule_of(run), []).append(simulate_mean_step_s(cfg, schedule_of(run), seed, sim_dir))
     return out
 
 
-def sampled(runs: dict[Path, dict], preset: str, sets: list[str], seeds: int | None) -> dict[str, list[float]]:
+def sampled(runs: dict[Path, dict], preset: str, sets: list[str], seeds: int) -> dict[str, list[float]]:
     """`seeds` simulated runs per schedule, lengths drawn from the preset's distribution."""
     steps = max(s["steps"] for s in runs.values())
     cfg = presets.load_preset(preset, [*sets, f"workload.steps={steps}"])
-    n = seeds or cfg.workload.seeds
-    return {s: [simulate_mean_step_s(cfg, s, cfg.workload.seed + k) for k in range(n)]
+    return {s: [simulate_mean_step_s(cfg, s, cfg.workload.seed + k) for k in range(seeds)]
             for s in sorted({schedule_of(r) for r in runs})}
 
 
@@ -178,12 +184,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--set", dest="sets", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="edit the preset (as `simulate --set`)")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="simulated / measured within 1 ± this")
-    p.add_argument("--seeds", type=int, default=None, help="preset table: runs per schedule (default: the preset's)")
+    p.add_argument("--seeds", type=int, default=20, help="preset table: simulated runs per schedule")
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out, as `bench schedules --warmup-steps`")
+    p.add_argument("--output", type=Path, default=None,
+                   help="write each replayed run's simulated timeline to OUTPUT/<run name>/ (for `plot compare`)")
     args = p.parse_args(argv)
     if args.warmup_steps < 1:
         p.error(f"--warmup-steps must be >= 1, got {args.warmup_steps}")
-    if args.seeds is not None and args.seeds < 1:
+    if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
     sets = [*(s for group in args.sets for s in group), f"workload.warmup_steps={args.warmup_steps}"]
     for run in args.runs:
@@ -193,7 +201,7 @@ def main(argv: list[str]) -> int:
     for run, summary in runs.items():
         measured.setdefault(schedule_of(run), []).append(summary["mean_step_s"])
     with tempfile.TemporaryDirectory() as tmp:
-        replay = compare(measured, replayed(runs, args.preset, sets, Path(tmp)), args.tolerance)
+        replay = compare(measured, replayed(runs, args.preset, sets, Path(tmp), args.output), args.tolerance)
     drawn = sampled(runs, args.preset, sets, args.seeds)
     prediction = compare(measured, drawn, args.tolerance)
     print_validation(replay, f"replay: each measured run's own response lengths (preset {args.preset}; "
