@@ -27,7 +27,8 @@ def make_world(tmp_path, schedule: str, lengths: list[int] | None = None, steps:
              "prefill_per_token_s": 1e-12}
     zero = ("phase_overhead_s", "experience_overhead_s", "chunk_overhead_s", "generate_overhead_s")
     cfg = load_preset("cpu-longtail", [
-        f"workload.steps={steps}", "workload.seeds=1", "workload.warmup_steps=1", "lengths.kind=replay",
+        f"workload.steps={steps}", "workload.dataset_steps=true", "workload.seeds=1", "workload.warmup_steps=1",
+        "lengths.kind=replay",
         f"lengths.path={path}", "lengths.prompt_tokens=8", *(f"costs.{k}={v}" for k, v in costs.items()),
         *(f"efficiency.{k}=0" for k in zero), "efficiency.decode_slowdown_shared=1",
         "efficiency.train_slowdown_shared=1", *sets])
@@ -75,6 +76,12 @@ def test_the_last_batch_trains_with_the_dataset_exhausted(tmp_path):
     res = make_world(tmp_path, "async", steps=4)
     assert len(call_starts(res)) == 4
     assert res.steps[-1].sync_end_s - res.steps[-1].batch_ready_s == pytest.approx(1.5)
+
+
+def test_a_window_of_a_longer_run_keeps_generating_beside_its_last_batch(tmp_path):
+    res = make_world(tmp_path, "async", None, 4, "workload.dataset_steps=false")
+    assert len(call_starts(res)) == 5
+    assert res.steps[-1].sync_end_s - res.steps[-1].batch_ready_s == pytest.approx(2.5)
 
 
 def test_step_latency_is_the_gap_between_the_steps_events_after_their_weight_syncs(tmp_path):

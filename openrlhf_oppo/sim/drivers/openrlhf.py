@@ -84,8 +84,9 @@ class AsyncDriver(World):
     Without partial rollout the generator holds the lock for the whole call, so the weight
     sync waits for the call in flight; with it, the sync pauses the engines and requests keep
     their tokens. Over-sampling (`prompts_per_call` = 2B): the second batch of a call comes
-    from the buffer, and the next call starts only when the trainer takes that batch. The
-    dataset holds `workload.steps` x B prompts: the last batch trains with nothing generating.
+    from the buffer, and the next call starts only when the trainer takes that batch. With
+    `workload.dataset_steps` the dataset ends with the run: the last batch trains with nothing
+    generating.
     """
 
     def __init__(self, cfg: SimConfig, costs: CostModel, seed: int, partial: bool, prompts_per_call: int,
@@ -94,7 +95,8 @@ class AsyncDriver(World):
         self.partial = partial
         self.prompts_per_call = prompts_per_call
         self.name = name
-        self.prompts_left = cfg.workload.steps * cfg.workload.batch_groups  # the dataloader
+        w = cfg.workload
+        self.prompts_left = w.steps * w.batch_groups if w.dataset_steps else 1 << 62  # the dataloader
         self.next_prompt = 0
         self.slots = 1  # rollout_slots (async_queue_size 1)
         self.queue: list[list[list[Request]]] = []  # rollout_queue: batches of groups

@@ -146,6 +146,9 @@ class Workload:
     batch_groups: int = _f(112, "B: prompt groups trained per step (rollout batch size).")
     samples_per_group: int = _f(1, "n: samples per prompt.")
     steps: int = _f(14, "Steps simulated per run (warm-up included).")
+    dataset_steps: bool = _f(False, "The dataset holds `steps` x B prompts and ends with the run (as a short "
+                                    "real run's): OpenRLHF's async generator stops, nothing decodes beside the "
+                                    "last batch. False: the steps are a window of a longer run.")
     warmup_steps: int = _f(3, "Steps left out of step latency and tokens/s (the pipelines fill).")
     seeds: int = _f(3, "Runs per schedule, each with its own seed; the table gives median [min-max].")
     seed: int = _f(0, "First seed.")
