@@ -3,6 +3,8 @@ simulated world, modelled after OpenRLHF 0.11.2's control flow."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
@@ -102,7 +104,7 @@ class AsyncDriver(World):
         self.queue: list[list[list[Request]]] = []  # rollout_queue: batches of groups
         self.buffer: list[list[Request]] = []  # SamplesGenerator._sample_buffer: finished groups
         self.lock_holder: str | None = None  # VLLMLock
-        self.lock_waiters: list[tuple[str, object]] = []  # FIFO (asyncio.Lock)
+        self.lock_waiters: list[tuple[str, Callable[[], None]]] = []  # FIFO, as asyncio.Lock
         self.generator_busy = False  # between taking a slot and putting a batch on the queue
         self.call_groups: dict[int, list[Request]] = {}  # the vLLM call in flight: prompt -> group
         self.call_left: dict[int, int] = {}  # prompt -> responses still decoding
@@ -119,7 +121,7 @@ class AsyncDriver(World):
 
     # ------------------------------------------------------------------ the lock
 
-    def acquire(self, who: str, then) -> None:
+    def acquire(self, who: str, then: Callable[[], None]) -> None:
         if self.lock_holder is None:
             self.lock_holder = who
             then()
