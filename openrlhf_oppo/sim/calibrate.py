@@ -5,15 +5,20 @@ Reads each run's timeline (`openrlhf_oppo.timeline`; stage names of
 `costs`, `efficiency` overheads and `lengths` come from them (the split, workload and
 `oppo:` section are the `--base` preset's):
 
-    decode      every response (`sample` record): seconds per token against the mean number
-                of responses its engine decoded beside it -> decode_step_s + decode_per_seq_s * b
-                (least squares, weighted by tokens; responses that span a weight sync left out)
+    decode      every response after warm-up (`sample` record), its life cut where its engine's
+                batch or the trainer changed -> decode_step_s + decode_per_seq_s * b per iteration,
+                times decode_slowdown_shared while a make_experience / train span runs
+                (`fitting.fit_decode`; responses that span a weight sync left out)
     generate    a `driver generate` span minus the decoding inside it -> generate_overhead_s
     reward      `reward prefill` / `score` spans with token counts -> prefill_call_s + per token
     make_experience / train   `driver` spans against the step's tokens (rollouts.jsonl, padded
-                per micro-batch unless the base packs) -> per-token costs + phase_overhead_s
+                per micro-batch unless the base packs), slowed by train_slowdown_shared for the
+                share spent beside decoding -> per-token costs + phase_overhead_s
     weight_sync `driver weight_sync` spans -> weight_sync_s (its median, less the phase overhead)
     lengths     response lengths of rollouts.jsonl (sequence - prompt tokens), an empirical file
+
+The two shared-host slowdowns can only be seen in runs where decoding and training overlap
+(OPPO's carried responses, OpenRLHF's async modes); without such a run the base's are kept.
 """
 
 from __future__ import annotations
@@ -25,51 +30,7 @@ import statistics
 from pathlib import Path
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.sim import presets
-
-
-def weighted_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float]:
-    """(intercept, slope) of the weighted least-squares line; a flat line when x does not vary."""
-    sw = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs)) / sw
-    my = sum(w * y for w, y in zip(ws, ys)) / sw
-    var = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
-    if var <= 1e-12:
-        return my, 0.0
-    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / var
-    return my - slope * mx, slope
-
-
-def _nonneg_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float]:
-    """A line with intercept and slope >= 0 (a negative one is noise: refit with it at 0)."""
-    a, b = weighted_line(xs, ys, ws)
-    if b < 0:
-        return sum(w * y for w, y in zip(ws, ys)) / sum(ws), 0.0
-    if a < 0:
-        return 0.0, sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(w * x * x for w, x in zip(ws, xs))
-    return a, b
-
-
-def decode_fit(rows: list[dict]) -> dict[str, float]:
-    """decode_step_s and decode_per_seq_s from the responses' spans."""
-    syncs = [(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", "weight_sync")]
-    samples = [r for r in rows if r["kind"] == "sample" and r.get("tokens", 0) > 1 and r.get("finish") != "abort"
-               and r["t1"] > r["t0"] and not any(r["t0"] < b and r["t1"] > a for a, b in syncs)]
-    if not samples:
-        raise ValueError("no finished response in the timelines (`sample` records of role rollout)")
-    by_worker: dict[tuple, list[dict]] = {}
-    for r in samples:
-        by_worker.setdefault(timeline.worker(r), []).append(r)
-    xs, ys, ws = [], [], []
-    for group in by_worker.values():
-        for r in group:
-            dur = r["t1"] - r["t0"]
-            overlap = sum(max(0.0, min(o["t1"], r["t1"]) - max(o["t0"], r["t0"])) for o in group)
-            xs.append(overlap / dur)  # mean responses decoding at once, itself included
-            ys.append(dur / r["tokens"])
-            ws.append(float(r["tokens"]))
-    a, b = _nonneg_line(xs, ys, ws)
-    return {"decode_step_s": a, "decode_per_seq_s": b, "responses": len(samples)}
+from openrlhf_oppo.sim import fitting, presets
 
 
 def generate_overhead(rows: list[dict]) -> float:
@@ -84,12 +45,12 @@ def generate_overhead(rows: list[dict]) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
-def reward_fit(rows: list[dict]) -> dict[str, float] | None:
-    spans = [r for r in rows if r["kind"] == "span" and r["role"] == "reward" and r["stage"] in ("prefill", "score")
-             and r.get("tokens")]
+def reward_fit(spans: list[dict]) -> dict[str, float] | None:
+    """`reward prefill` / `score` spans with token counts -> a call's fixed and per-token cost."""
     if len(spans) < 2:
         return None
-    a, b = _nonneg_line([float(r["tokens"]) for r in spans], [r["t1"] - r["t0"] for r in spans], [1.0] * len(spans))
+    xs, ys = [float(r["tokens"]) for r in spans], [r["t1"] - r["t0"] for r in spans]
+    a, b = fitting.nonneg_line(xs, ys, [1.0] * len(spans))
     return {"prefill_call_s": a, "prefill_per_token_s": b, "calls": len(spans)}
 
 
@@ -111,42 +72,57 @@ def step_tokens(rollouts: Path, prompt_tokens: int, micro_batch: int, packing: b
 
 def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int, warmup_steps: int) -> dict:
     """Measured costs and lengths of the runs, as preset sections."""
-    rows_all, tokens_exp, exp_s, tokens_train, train_s, syncs, lengths, gen_over = [], [], [], [], [], [], [], []
-    w = base.workload
+    lives, phases, syncs, lengths, gen_over, reward_spans = [], [], [], [], [], []
+    w, e = base.workload, base.efficiency
     forwards = 1 + int(w.reference) + int(w.critic)
     for run in run_dirs:
         tl, ro = run / "timeline", run / "rollouts.jsonl"
         if not tl.is_dir() or not ro.exists():
             raise ValueError(f"{run}: a run directory needs timeline/ and rollouts.jsonl (from `openrlhf-oppo train`)")
         rows = timeline.read(tl)
-        rows_all.append(rows)
         per_step, lens = step_tokens(ro, prompt_tokens, w.micro_batch_size, w.packing)
         lengths += lens
         gen_over.append(generate_overhead(rows))
-        for stage, xs, ys in (("make_experience", tokens_exp, exp_s), ("train", tokens_train, train_s)):
-            spans = [r["t1"] - r["t0"] for r in timeline.stage_spans(rows, "driver", stage)]
-            pairs = list(zip(spans, per_step))[warmup_steps:]
-            xs += [float(t) for _, t in pairs]
-            ys += [s for s, _ in pairs]
+        lives += fitting.decode_lives(rows, warmup_steps)
+        phases += phase_points(rows, per_step, warmup_steps)
         syncs += [r["t1"] - r["t0"] for r in timeline.stage_spans(rows, "driver", "weight_sync")][warmup_steps:]
-    merged = [r for rows in rows_all for r in rows]
-    dec = decode_fit(merged)
-    exp_over, exp_tok = _nonneg_line(tokens_exp, exp_s, [1.0] * len(exp_s)) if exp_s else (0.0, 0.0)
-    tr_over, tr_tok = _nonneg_line(tokens_train, train_s, [1.0] * len(train_s)) if train_s else (0.0, 0.0)
+        reward_spans += [r for r in rows if r["kind"] == "span" and r["role"] == "reward"
+                         and r["stage"] in ("prefill", "score") and r.get("tokens")]
+    dec = fitting.fit_decode(lives, e.decode_slowdown_shared)
+    lines, train_slow, train_slow_measured = fitting.fit_phases(phases, e.train_slowdown_shared)
+    (exp_over, exp_tok), (tr_over, tr_tok) = lines.get("make_experience", (0.0, 0.0)), lines.get("train", (0.0, 0.0))
     phase_over = min(exp_over, tr_over)
     sync_s = statistics.median(syncs) if syncs else 0.0
-    costs = {"decode_step_s": dec["decode_step_s"], "decode_per_seq_s": dec["decode_per_seq_s"],
-             "decode_per_context_token_s": 0.0,
-             "forward_per_token_s": _per_token(exp_tok, exp_over - phase_over, tokens_exp) / forwards,
-             "train_per_token_s": _per_token(tr_tok, tr_over - phase_over, tokens_train),
+    exp_tokens = [p.tokens for p in phases if p.stage == "make_experience"]
+    costs = {"decode_step_s": dec.step_s, "decode_per_seq_s": dec.per_seq_s, "decode_per_context_token_s": 0.0,
+             "forward_per_token_s": exp_tok / forwards,  # its intercept beyond phase_overhead_s: experience_overhead_s
+             "train_per_token_s": _per_token(tr_tok, tr_over - phase_over,
+                                             [p.tokens for p in phases if p.stage == "train"]),
              "weight_sync_s": max(1e-3, sync_s - phase_over)}
-    rew = reward_fit(merged)
+    rew = reward_fit(reward_spans)
     if rew:
         costs.update(prefill_call_s=rew["prefill_call_s"], prefill_per_token_s=rew["prefill_per_token_s"])
-    efficiency = {"phase_overhead_s": phase_over, "generate_overhead_s": statistics.median(gen_over)}
-    notes = {"responses": dec["responses"], "steps": len(exp_s), "reward_calls": rew["calls"] if rew else 0,
-             "forwards": forwards}
+    efficiency = {"phase_overhead_s": phase_over, "generate_overhead_s": statistics.median(gen_over),
+                  "experience_overhead_s": exp_over - phase_over,
+                  "decode_slowdown_shared": dec.slowdown, "train_slowdown_shared": train_slow}
+    notes = {"responses": dec.responses, "steps": len(exp_tokens), "reward_calls": rew["calls"] if rew else 0,
+             "forwards": forwards, "decode_slowdown_measured": dec.slowdown_measured,
+             "train_slowdown_measured": train_slow_measured, "overheads": (exp_over, tr_over)}
     return {"costs": costs, "efficiency": efficiency, "lengths": lengths, "notes": notes}
+
+
+def phase_points(rows: list[dict], per_step: list[int], warmup_steps: int) -> list[fitting.PhasePoint]:
+    """Each step's make_experience and train spans after warm-up, with the step's tokens and the
+    share of the span during which some response was decoding (on a shared host: slower)."""
+    decoding = timeline.merge([(r["t0"], r["t1"]) for r in rows if r["kind"] == "sample"])
+    out = []
+    for stage in fitting.TRAIN_STAGES:
+        spans = timeline.stage_spans(rows, "driver", stage)
+        for r, tokens in list(zip(spans, per_step))[warmup_steps:]:
+            dur = r["t1"] - r["t0"]
+            share = timeline.covered_s(decoding, r["t0"], r["t1"]) / dur if dur > 0 else 0.0
+            out.append(fitting.PhasePoint(stage, float(tokens), dur, share))
+    return out
 
 
 def _per_token(slope_s: float, extra_s: float, tokens: list[float]) -> float:
@@ -164,6 +140,7 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
     base_path = presets.PRESET_DIR / f"{base_name}.yaml" if not Path(base_name).exists() else Path(base_name)
     raw = yaml.safe_load(base_path.read_text()) or {}
     lengths_file = out.with_name(out.stem + "-lengths.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     lengths_file.write_text(json.dumps(found["lengths"]))
     raw["costs"] = {k: float(f"{v:.6g}") for k, v in found["costs"].items()}
     raw.setdefault("efficiency", {}).update({k: float(f"{v:.6g}") for k, v in found["efficiency"].items()})
@@ -172,18 +149,47 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
     raw["lengths"].pop("quantiles", None)
     raw.pop("name", None)
     n = found["notes"]
+    seen = {True: "measured", False: f"kept from {base_name} (no overlap in these runs)"}
+    exp_over, tr_over = n["overheads"]
     head = [
         f"# Calibrated by `openrlhf-oppo simulate calibrate {' '.join(map(str, run_dirs))}`",
         f"# on {datetime.date.today().isoformat()}: {n['responses']} responses, {n['steps']} steps, "
         f"{n['reward_calls']} reward calls with token counts.",
-        "# decode: seconds per token vs responses decoded at once (least squares); make_experience and train:",
-        f"# driver spans vs the step's tokens (forward_per_token_s = the fit / {n['forwards']} forwards);",
+        "# decode: each response's life cut where its engine's batch b or the trainer changed;",
+        "# tokens = sum of seconds / ((decode_step_s + decode_per_seq_s * b) x decode_slowdown_shared",
+        "# while a make_experience / train span runs), Gauss-Newton weighted by tokens;",
+        f"# decode_slowdown_shared {seen[n['decode_slowdown_measured']]}.",
+        "# make_experience and train: driver spans vs the step's tokens, x train_slowdown_shared for the",
+        f"# share of the span beside decoding (one factor for both; {seen[n['train_slowdown_measured']]});",
+        f"# forward_per_token_s = the fit / {n['forwards']} forwards; phase_overhead_s = the smaller intercept",
+        f"# (make_experience {exp_over:.3f} s, train {tr_over:.3f} s), experience_overhead_s the rest.",
         f"# lengths: {len(found['lengths'])} responses of rollouts.jsonl (sequence - {prompt_tokens} prompt tokens).",
         f"# Split, workload and oppo sections: from the base preset {base_name}.",
         "",
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(head) + yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
+    body = yaml.safe_dump(raw, sort_keys=False, default_flow_style=None)
+    out.write_text("\n".join(head) + _with_key_comments(body, base_path.read_text()))
+
+
+def _with_key_comments(body: str, base_text: str) -> str:
+    """The base preset's comment lines above a top-level key (not its header), put back above that key."""
+    comments: dict[str, list[str]] = {}
+    pending: list[str] = []
+    seen_key = False
+    for line in base_text.splitlines():
+        if line.startswith("#"):
+            pending.append(line)
+        elif line and not line[0].isspace() and ":" in line:
+            if seen_key and pending:
+                comments[line.split(":", 1)[0]] = pending
+            pending, seen_key = [], True
+        else:
+            pending = [] if not line.strip() else pending
+    out = []
+    for line in body.splitlines():
+        key = line.split(":", 1)[0] if line and not line[0].isspace() else None
+        out += comments.get(key, []) + [line]
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@
     openrlhf-oppo simulate --preset paper-7b-h200 --sweep delta.max=0,4,8,16 [--sweep ...]
     openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output openrlhf_oppo/sim/presets/cpu-longtail.yaml
     openrlhf-oppo simulate published [--presets NAME ...] [--set key=value ...]
+    openrlhf-oppo simulate validate RUN_DIR [RUN_DIR ...] [--preset cpu-longtail]   # against measured runs
 
 Prints `bench schedules`' table for every schedule (and, for a preset with the paper's
 figures, the calibration table), writes each schedule's simulated timeline in the format
@@ -57,6 +58,10 @@ def main(argv: list[str]) -> int:
         from openrlhf_oppo.sim import published
 
         return published.main(argv[1:])
+    if argv and argv[0] == "validate":
+        from openrlhf_oppo.sim import validate
+
+        return validate.main(argv[1:])
     args = _parser().parse_args(argv)
     sets = [s for group in args.sets for s in group]
     schedules = _schedules(args.schedules, SWEEP_SCHEDULES if args.sweep else SCHEDULE_NAMES)

@@ -56,6 +56,7 @@ class CostModel:
     sleep_transfer_s: float = 0.0  # the hybrid engine (split.sleep): one switch of the devices, vLLM <-> training
     stream_call_s: float = 0.0  # a streamed forward call on the training devices, per model: its ZeRO-3 gather
     fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
+    experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -147,6 +148,7 @@ def _layout(cfg: SimConfig) -> dict:
     sleep = memory.sleep_transfer_s(cfg) if cfg.hardware is not None and cfg.actor is not None else 0.0
     return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0, sleep_transfer_s=sleep,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
+                experience_overhead_s=e.experience_overhead_s,
                 decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)
 
 

@@ -1,5 +1,6 @@
 """Response-length distributions: log-normal fitted to a mean/std and clipped, quantile points,
-or an empirical list (e.g. a run's rollouts.jsonl). Randomness is injected."""
+or an empirical list (e.g. a run's rollouts.jsonl), drawn at random or replayed in order.
+Randomness is injected."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class LengthSampler:
     def __init__(self, cfg: Lengths, rng: random.Random) -> None:
         self.cfg = cfg
         self.rng = rng
-        self.empirical: list[int] = load_empirical(cfg) if cfg.kind == "empirical" else []
+        self.empirical: list[int] = load_empirical(cfg) if cfg.kind in ("empirical", "replay") else []
+        self.replayed = 0  # replay: entries drawn so far
         points = sorted(cfg.quantiles)
         self.q_probs = [0.0] + [p for p, _ in points]
         self.q_logs = [math.log(cfg.min_tokens)] + [math.log(max(1.0, t)) for _, t in points]
@@ -30,6 +32,9 @@ class LengthSampler:
         cfg = self.cfg
         if cfg.kind == "empirical":
             x = float(self.rng.choice(self.empirical))
+        elif cfg.kind == "replay":
+            x = float(self.empirical[self.replayed % len(self.empirical)])
+            self.replayed += 1
         elif cfg.kind == "quantiles":
             x = self._from_quantiles(self.rng.random())
         else:

@@ -94,11 +94,11 @@ def print_layouts(sim: Simulated, tried: dict[str, list[tuple[str, float]]] | No
 
 def trained_tokens_per_s(result: RunResult, warmup_steps: int) -> float | None:
     """Response tokens trained per second over the window `bench schedules` measures: the
-    steps after warm-up, from the last warm-up step's end to the last step's end."""
+    steps after warm-up, from the last warm-up step's event to the last step's (after its sync)."""
     steps = result.steps[max(0, warmup_steps - 1):]
-    if len(steps) < 2 or steps[-1].train_end_s <= steps[0].train_end_s:
+    if len(steps) < 2 or steps[-1].sync_end_s <= steps[0].sync_end_s:
         return None
-    return sum(s.tokens for s in steps[1:]) / (steps[-1].train_end_s - steps[0].train_end_s)
+    return sum(s.tokens for s in steps[1:]) / (steps[-1].sync_end_s - steps[0].sync_end_s)
 
 
 def bench_rows(sim: Simulated) -> list[dict]:

@@ -110,13 +110,17 @@ class World:
         return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
 
     def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
-                             score_in_experience: bool, streamed: dict[str, int] | None = None) -> float:
+                             score_in_experience: bool, streamed: dict[str, int] | None = None,
+                             decoding: bool | None = None) -> float:
         """make_experience and train from `now_s`; the end of training. Records the spans.
         `streamed`: make_experience stages streamed during generation -> the tokens still to
-        forward in them (`sim.streamer`)."""
+        forward in them (`sim.streamer`). `decoding`: responses decode beside this step (None: an
+        engine is decoding now), so on a shared host it runs `train_slowdown_shared` slower (a
+        driver that starts a generate call at this instant says so: its requests reach the
+        engines a moment later)."""
         c, w = self.costs, self.cfg.workload
         tokens = self.train_tokens(lengths)
-        slow = c.train_slowdown_shared if self.rollout.decoding() else 1.0
+        slow = c.train_slowdown_shared if (self.rollout.decoding() if decoding is None else decoding) else 1.0
         self._hold_engines(now_s)
         t = now_s
         streamer = self.streamer
@@ -134,7 +138,7 @@ class World:
             t += dt * slow
         if score_in_experience and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
-        t += c.phase_overhead_s
+        t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
         train_s = c.train_s(tokens) * slow + c.phase_overhead_s
         actor_share = 1.0 / (2.0 if w.critic else 1.0)  # the actor and critic fits draw as two spans

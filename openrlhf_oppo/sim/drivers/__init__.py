@@ -27,15 +27,18 @@ def simulate(cfg: SimConfig, costs: CostModel, schedule: str, seed: int) -> RunR
     if schedule == "sync":
         return SyncDriver(cfg, costs, seed).run()
     if schedule in ("async", "partial", "oversample"):
+        b = cfg.workload.batch_groups  # oversample: --rollout.vllm_generate_batch_size 2B
         return AsyncDriver(cfg, costs, seed, partial=schedule == "partial",
-                           batches_per_call=2 if schedule == "oversample" else 1, name=schedule).run()
+                           prompts_per_call=2 * b if schedule == "oversample" else b, name=schedule).run()
     if schedule in OPPO_SCHEDULES:
         return OppoDriver(cfg, costs, seed, schedule).run()
     raise ValueError(f"--schedules: unknown schedule '{schedule}'; allowed: {', '.join(SCHEDULE_NAMES)}")
 
 
 def step_latencies_s(result: RunResult, warmup_steps: int) -> list[float]:
-    ends = [r.train_end_s for r in result.steps][max(0, warmup_steps - 1):]
+    """Gaps between consecutive steps' events after warm-up, as `bench schedules` measures them:
+    OpenRLHF logs a step (its TensorBoard event) after the step's weight sync."""
+    ends = [r.sync_end_s for r in result.steps][max(0, warmup_steps - 1):]
     return [b - a for a, b in zip(ends, ends[1:], strict=False)]  # consecutive pairs
 
 

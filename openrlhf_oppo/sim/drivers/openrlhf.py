@@ -3,6 +3,8 @@ simulated world, modelled after OpenRLHF 0.11.2's control flow."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
@@ -64,106 +66,168 @@ class SyncDriver(World):
 
 
 # ------------------------------------------------------------- OpenRLHF: async family
+# Mirrors OpenRLHF 0.11.2's trainer/ppo_trainer_async.py and ppo_utils/samples_generator.py
+# (upstream control flow, not an algorithm of ours); with the bench harness's seeded rollouts
+# (integrations/runtime/seeding.py) a vLLM call's batch is trained in dispatch order.
 
 
 class AsyncDriver(World):
-    """OpenRLHF --train.async_enable: a rollout loop one call ahead of the trainer.
+    """OpenRLHF --train.async_enable: a generator actor and a trainer actor around a queue.
 
-    A generate call takes `batches_per_call` x B groups to completion (over-sampling: 2)
-    and queues them as batches of B. Call c starts when call c-1 is done and the trainer
-    has started on a batch of call c-1 (one step off-policy). After training, the
-    weight sync waits for the call in flight to end; with partial rollout it pauses the
-    engines instead (requests keep their tokens) and generation goes on afterwards.
+        generator (GenerateSamplesActor.fit)          trainer (TrainingActor.fit)
+          take a slot (rollout_slots: 1)                take a batch (rollout_queue: 1)
+          [lock] generate_samples():                    give a slot back -> the generator goes on
+            buffer < B groups: one vLLM call of           make_experience, train
+            `prompts_per_call` prompts, buffered in       broadcast: [lock] (partial: pause the
+            the order their groups finish                   engines) weight sync [unlock]
+            hand over the first B                         log the step (the bench's step event)
+          [unlock] put it on the queue
+
+    Without partial rollout the generator holds the lock for the whole call, so the weight
+    sync waits for the call in flight; with it, the sync pauses the engines and requests keep
+    their tokens. Over-sampling (`prompts_per_call` = 2B): the second batch of a call comes
+    from the buffer, and the next call starts only when the trainer takes that batch. With
+    `workload.dataset_steps` the dataset ends with the run: the last batch trains with nothing
+    generating.
     """
 
-    def __init__(self, cfg: SimConfig, costs: CostModel, seed: int, partial: bool, batches_per_call: int,
+    def __init__(self, cfg: SimConfig, costs: CostModel, seed: int, partial: bool, prompts_per_call: int,
                  name: str) -> None:
         super().__init__(cfg, costs, seed)
         self.partial = partial
-        self.batches_per_call = batches_per_call
+        self.prompts_per_call = prompts_per_call
         self.name = name
+        w = cfg.workload
+        self.prompts_left = w.steps * w.batch_groups if w.dataset_steps else 1 << 62  # the dataloader
         self.next_prompt = 0
-        self.calls_started = 0
-        self.call_of_trained = -1  # the call whose batch the trainer last started
-        self.generating = False
-        self.pending = 0
-        self.call_reqs: list[Request] = []
-        self.queue: list[tuple[int, list[Request]]] = []  # (call, requests of a batch)
+        self.slots = 1  # rollout_slots (async_queue_size 1)
+        self.queue: list[list[list[Request]]] = []  # rollout_queue: batches of groups
+        self.buffer: list[list[Request]] = []  # SamplesGenerator._sample_buffer: finished groups
+        self.lock_holder: str | None = None  # VLLMLock
+        self.lock_waiters: list[tuple[str, Callable[[], None]]] = []  # FIFO, as asyncio.Lock
+        self.generator_busy = False  # between taking a slot and putting a batch on the queue
+        self.call_groups: dict[int, list[Request]] = {}  # the vLLM call in flight: prompt -> group
+        self.call_left: dict[int, int] = {}  # prompt -> responses still decoding
+        self.call_done: list[int] = []  # prompts whose groups finished, in order
+        self.call_start_s = 0.0
         self.trainer_idle = True
-        self.sync_pending = False
         self.wait_start_s = 0.0
         self.trained = 0
 
     def run(self) -> RunResult:
-        self.loop.at(0.0, self.maybe_start_call)
+        self.loop.at(0.0, self.generator_next)
         self.loop.run(lambda: len(self.records) >= self.cfg.workload.steps)
         return self.result(self.name)
 
-    def maybe_start_call(self) -> None:
-        now = self.loop.now_s
-        c = self.calls_started
-        if self.generating or self.sync_pending or (c > 0 and self.call_of_trained < c - 1):
+    # ------------------------------------------------------------------ the lock
+
+    def acquire(self, who: str, then: Callable[[], None]) -> None:
+        if self.lock_holder is None:
+            self.lock_holder = who
+            then()
+        else:
+            self.lock_waiters.append((who, then))
+
+    def release(self) -> None:
+        self.lock_holder = None
+        if self.lock_waiters:
+            who, then = self.lock_waiters.pop(0)
+            self.lock_holder = who
+            self.loop.at(self.loop.now_s, then)
+
+    # ------------------------------------------------------------------ the generator
+
+    def generator_next(self) -> None:
+        if self.generator_busy or self.slots == 0 or (self.prompts_left == 0 and not self.buffer):
+            return  # a batch in hand, no slot, or the dataset is done
+        self.slots -= 1
+        self.generator_busy = True
+        if self.partial:
+            self.generate_samples()
+        else:
+            self.acquire("generator", self.generate_samples)
+
+    def generate_samples(self) -> None:
+        now, w = self.loop.now_s, self.cfg.workload
+        if len(self.buffer) >= w.batch_groups or self.prompts_left == 0:
+            self.hand_over(from_call=False)
             return
-        w = self.cfg.workload
-        count = w.batch_groups * self.batches_per_call
-        groups = [self.requests(p, tuple(range(p * w.samples_per_group, (p + 1) * w.samples_per_group)))
+        count = min(self.prompts_per_call, self.prompts_left)
+        n = w.samples_per_group
+        groups = [self.requests(p, tuple(range(p * n, (p + 1) * n)))
                   for p in range(self.next_prompt, self.next_prompt + count)]
         self.next_prompt += count
-        self.call_reqs = [r for g in groups for r in g]
-        self.pending = len(self.call_reqs)
-        self.generating = True
-        self.calls_started += 1
+        self.prompts_left -= count
+        self.call_groups = {g[0].sample_id // n: g for g in groups}
+        self.call_left = {p: n for p in self.call_groups}
+        self.call_done = []
+        self.call_start_s = now
         start = now + self.costs.generate_overhead_s
         self.loop.at(start, self.rollout.admit, groups, start)
 
     def on_progress(self, engine: int, crossed: list[Request], finished: list[Request], now_s: float) -> None:
-        self.pending -= len(finished)
-        if self.pending == 0 and self.generating:
-            self.generating = False
-            reqs, per = self.call_reqs, len(self.call_reqs) // self.batches_per_call
-            for b in range(self.batches_per_call):
-                self.queue.append((self.calls_started - 1, reqs[b * per:(b + 1) * per]))
-            if self.sync_pending:
-                self.sync_pending = False
-                self.do_sync(now_s)
-            else:
-                self.maybe_start_call()
-            self.trainer_try()
+        n = self.cfg.workload.samples_per_group
+        for r in finished:
+            p = r.sample_id // n
+            self.call_left[p] -= 1
+            if self.call_left[p] == 0:
+                self.call_done.append(p)
+        if self.call_groups and len(self.call_done) == len(self.call_groups):
+            self.recorder.span("driver", 1, "generate", self.call_start_s, now_s)
+            self.buffer += [self.call_groups[p] for p in self.call_done]
+            self.call_groups, self.call_left = {}, {}
+            self.hand_over(from_call=True)
 
-    def trainer_try(self) -> None:
-        now = self.loop.now_s
+    def hand_over(self, from_call: bool) -> None:
+        """The first B buffered groups go on the queue (a call's own batch in dispatch order)."""
+        b = self.cfg.workload.batch_groups
+        batch, self.buffer = self.buffer[:b], self.buffer[b:]
+        if from_call:
+            batch = sorted(batch, key=lambda g: g[0].sample_id)
+        if not self.partial:
+            self.release()
+        self.generator_busy = False
+        if batch:
+            self.queue.append(batch)
+        self.loop.at(self.loop.now_s, self.trainer_next)
+        self.loop.at(self.loop.now_s, self.generator_next)
+
+    def generating(self) -> bool:
+        return bool(self.call_groups)
+
+    # ------------------------------------------------------------------ the trainer
+
+    def trainer_next(self) -> None:
         if not self.trainer_idle or not self.queue:
             return
-        call, batch = self.queue.pop(0)
-        self.trainer_idle = False
-        self.call_of_trained = call
-        self.recorder.span("driver", 0, "generate", self.wait_start_s, now)
-        lengths = [r.done for r in batch]
-        end = self.experience_and_train(now, lengths, [r.sample_id for r in batch], True)
-        n = self.cfg.workload.samples_per_group
-        prompts = tuple(sorted({r.sample_id // n for r in batch}))
-        rec = StepRecord(self.trained, self.wait_start_s, now, end, end, prompts, sum(lengths))
-        self.trained += 1
-        self.loop.at(end, self.after_train, rec)
-        self.maybe_start_call()  # the trainer took a batch of the last call: the next call may start
-
-    def after_train(self, rec: StepRecord) -> None:
         now = self.loop.now_s
+        batch = self.queue.pop(0)
+        self.trainer_idle = False
+        self.slots += 1
+        self.generator_next()  # the slot wakes the generator first: its call decodes beside training
+        reqs = [r for g in batch for r in g]
+        lengths = [r.done for r in reqs]
+        end = self.experience_and_train(now, lengths, [r.sample_id for r in reqs], True,
+                                        decoding=self.generating() or self.rollout.decoding())
+        n = self.cfg.workload.samples_per_group
+        prompts = tuple(sorted({r.sample_id // n for r in reqs}))
+        self.loop.at(end, self.acquire, "trainer",
+                     lambda: self.broadcast(StepRecord(self.trained, self.wait_start_s, now, end, end, prompts,
+                                                       sum(lengths))))
+
+    def broadcast(self, rec: StepRecord) -> None:
+        now = self.loop.now_s
+        end = self.weight_sync(now)  # pauses the engines (partial rollout: requests keep their tokens)
+        self.loop.at(end, self.after_sync, StepRecord(rec.step, rec.generate_start_s, rec.batch_ready_s,
+                                                      rec.train_end_s, end, rec.prompt_indices, rec.tokens))
+
+    def after_sync(self, rec: StepRecord) -> None:
+        self.release()
         self.record(rec)
-        if self.generating and not self.partial:
-            self.sync_pending = True  # the sync waits for the call in flight
-        else:
-            self.do_sync(now)
-
-    def do_sync(self, now_s: float) -> None:
-        end = self.weight_sync(now_s)
-        self.loop.at(end, self.after_sync)
-
-    def after_sync(self) -> None:
+        self.trained += 1
         self.trainer_idle = True
         self.wait_start_s = self.loop.now_s
-        self.maybe_start_call()
-        self.trainer_try()
+        self.trainer_next()
 
     def on_scored(self, items: list[tuple], now_s: float) -> None:
         pass

@@ -88,14 +88,16 @@ class ModelShape:
 class Lengths:
     """Response lengths in tokens (the prompt length is a constant)."""
 
-    kind: str = _f("lognormal", "'lognormal' (fitted to mean/std, clipped at cap), 'quantiles' or 'empirical'.")
+    kind: str = _f("lognormal", "'lognormal' (fitted to mean/std, clipped at cap), 'quantiles', 'empirical' "
+                                "(drawn from the list) or 'replay' (the list in order: response j of prompt p "
+                                "is entry p x n + j, wrapping; a simulated run replays a measured one).")
     mean_tokens: float = _f(300.0, "lognormal: mean of the unclipped distribution (tokens).")
     std_tokens: float = _f(300.0, "lognormal: standard deviation of the unclipped distribution (tokens).")
     cap_tokens: int = _f(1024, "Maximum new tokens; longer responses stop here (finish reason 'length').")
     min_tokens: int = _f(1, "Shortest response (tokens).")
     quantiles: tuple[tuple[float, float], ...] = _f((), "quantiles: (probability, tokens) points of the CDF, "
                                                         "interpolated log-linearly.")
-    path: str = _f("", "empirical: a run's rollouts.jsonl, or a JSON list of response lengths "
+    path: str = _f("", "empirical, replay: a run's rollouts.jsonl, or a JSON list of response lengths "
                        "(relative paths: to openrlhf_oppo/sim/presets/).")
     prompt_tokens: int = _f(128, "Prompt length (tokens); rollouts.jsonl lengths subtract it.")
 
@@ -138,6 +140,8 @@ class Efficiency:
     phase_overhead_s: float = _f(0.5, "Per make_experience / train / sync phase: Ray round trips, "
                                       "ZeRO-3 gathers.")
     generate_overhead_s: float = _f(0.2, "Per generate call: request submission and result gathering.")
+    experience_overhead_s: float = _f(0.0, "Per make_experience beyond phase_overhead_s: dispatching to the "
+                                           "actor, critic, reference and reward groups (`simulate calibrate`).")
     weight_sync_base_s: float = _f(0.2, "Fixed cost of a weight sync (pause, NCCL set-up).")
     decode_slowdown_shared: float = _f(1.0, "Decode step time factor while another role computes on the "
                                             "same host (1: none; a CPU host's shared cores: above 1).")
@@ -151,6 +155,9 @@ class Workload:
     batch_groups: int = _f(112, "B: prompt groups trained per step (rollout batch size).")
     samples_per_group: int = _f(1, "n: samples per prompt.")
     steps: int = _f(14, "Steps simulated per run (warm-up included).")
+    dataset_steps: bool = _f(False, "The dataset holds `steps` x B prompts and ends with the run (as a short "
+                                    "real run's): OpenRLHF's async generator stops, nothing decodes beside the "
+                                    "last batch. False: the steps are a window of a longer run.")
     warmup_steps: int = _f(3, "Steps left out of step latency and tokens/s (the pipelines fill).")
     seeds: int = _f(3, "Runs per schedule, each with its own seed; the table gives median [min-max].")
     seed: int = _f(0, "First seed.")
@@ -326,8 +333,8 @@ def validate(cfg: SimConfig) -> None:
     _require(w.seeds >= 1, "workload.seeds", ">= 1", w.seeds)
     _require(cfg.oppo.delta.max <= w.batch_groups, "delta.max", f"<= workload.batch_groups ({w.batch_groups})",
              cfg.oppo.delta.max)
-    _require(lengths.kind in ("lognormal", "quantiles", "empirical"), "lengths.kind",
-             "one of lognormal, quantiles, empirical", lengths.kind)
+    _require(lengths.kind in ("lognormal", "quantiles", "empirical", "replay"), "lengths.kind",
+             "one of lognormal, quantiles, empirical, replay", lengths.kind)
     _require(lengths.cap_tokens >= lengths.min_tokens >= 1, "lengths.cap_tokens", ">= lengths.min_tokens >= 1",
              lengths.cap_tokens)
     _require(s.nodes >= 1 and s.generate_gpus >= 1 and s.train_gpus >= 1, "split",

@@ -1,0 +1,70 @@
+"""The fits of `simulate calibrate` on hand-made timelines with known costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from openrlhf_oppo.sim import fitting
+
+STEP_S, PER_SEQ_S, DECODE_SLOW = 0.004, 0.001, 2.5  # an iteration: (0.004 + 0.001 b) x 2.5 beside training
+
+
+def span(stage, t0, t1):
+    return {"kind": "span", "role": "driver", "host": "n0", "pid": 1, "stage": stage, "t0": t0, "t1": t1}
+
+
+def response(t0, t1, tokens, key):
+    return [{"kind": "open", "role": "rollout", "host": "n0", "pid": 2, "key": key, "t0": t0, "t1": t0},
+            {"kind": "sample", "role": "rollout", "host": "n0", "pid": 2, "key": key, "t0": t0, "t1": t1,
+             "tokens": tokens, "finish": "stop"}]
+
+
+def test_a_life_is_cut_where_the_batch_or_the_trainer_changes():
+    rows = response(0.0, 10.0, 100, 0) + response(2.0, 6.0, 50, 1) + [span("train", 5.0, 8.0)]
+    lives = sorted(fitting.decode_lives(rows, warmup_steps=0), key=lambda life: -life.tokens)
+    assert lives[0].seconds == pytest.approx({(1, False): 4.0, (2, False): 3.0, (2, True): 1.0, (1, True): 2.0})
+    assert lives[1].seconds == pytest.approx({(2, False): 3.0, (2, True): 1.0})
+
+
+def test_responses_before_the_warm_up_syncs_end_or_across_a_sync_are_left_out():
+    rows = (response(0.0, 1.0, 10, 0) + [span("weight_sync", 1.0, 1.5)] + response(1.2, 3.0, 10, 1)
+            + response(2.0, 3.0, 10, 2) + [span("weight_sync", 4.0, 4.5)] + response(5.0, 6.0, 10, 3))
+    assert [life.tokens for life in fitting.decode_lives(rows, warmup_steps=1)] == [10, 10]  # keys 2 and 3
+    assert len(fitting.decode_lives(rows, warmup_steps=2)) == 1
+
+
+def test_the_decode_fit_recovers_the_iteration_cost_and_the_slowdown_beside_training():
+    rows, t, key = [], 0.0, 0
+    for b, tokens, beside in [(1, 200, False), (4, 100, False), (8, 50, False), (2, 120, True), (6, 80, True)]:
+        dur = tokens * (STEP_S + PER_SEQ_S * b) * (DECODE_SLOW if beside else 1.0)
+        for _ in range(b):
+            rows += response(t, t + dur, tokens, key)
+            key += 1
+        if beside:
+            rows.append(span("make_experience", t, t + dur))
+        t += dur + 1.0
+    fit = fitting.fit_decode(fitting.decode_lives(rows, 0), prior_slowdown=1.5)
+    assert (fit.step_s, fit.per_seq_s, fit.slowdown) == pytest.approx((STEP_S, PER_SEQ_S, DECODE_SLOW))
+    assert fit.slowdown_measured and fit.responses == 21
+
+
+def test_without_decoding_beside_training_the_decode_slowdown_is_the_prior():
+    rows = response(0.0, 1.0, 200, 0) + response(2.0, 2.5, 50, 1) + response(2.0, 2.5, 50, 2)
+    fit = fitting.fit_decode(fitting.decode_lives(rows, 0), prior_slowdown=1.5)
+    assert not fit.slowdown_measured and fit.slowdown == 1.5
+
+
+def test_the_phase_fit_recovers_each_line_and_the_shared_slowdown():
+    points = []
+    for stage, over, per in (("make_experience", 0.3, 2e-4), ("train", 0.05, 6e-4)):
+        for tokens, share in ((2000, 0.0), (6000, 0.0), (9000, 0.0), (3000, 1.0), (5000, 0.5), (8000, 0.25)):
+            points.append(fitting.PhasePoint(stage, tokens, over + per * tokens * (1 + 0.4 * share), share))
+    lines, slowdown, measured = fitting.fit_phases(points, prior_slowdown=1.0)
+    assert measured and slowdown == pytest.approx(1.4)
+    assert lines["make_experience"] == pytest.approx((0.3, 2e-4))
+    assert lines["train"] == pytest.approx((0.05, 6e-4))
+
+
+def test_without_spans_beside_decoding_the_train_slowdown_is_the_prior():
+    points = [fitting.PhasePoint("train", t, 0.1 + 1e-4 * t, 0.0) for t in (1000, 2000, 4000)]
+    assert fitting.fit_phases(points, prior_slowdown=1.25)[1:] == (1.25, False)

@@ -1,0 +1,68 @@
+"""`simulate validate`: the verdict flags a simulated figure off by more than the tolerance and
+an order of the schedules that is not the measured one; run names and replayed lengths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from openrlhf_oppo.sim import validate
+
+
+def test_a_schedule_off_by_more_than_the_tolerance_is_a_miss():
+    v = validate.compare({"sync": [9.0, 11.0], "async": [7.0]}, {"sync": [14.0, 14.0], "async": [7.7]}, 0.25)
+    rows = {r.schedule: r for r in v.rows}
+    assert rows["sync"].ratio == pytest.approx(1.4) and not rows["sync"].within
+    assert validate.verdict(rows["sync"], 0.25) == "MISS: too slow"
+    assert rows["async"].within and validate.verdict(rows["async"], 0.25) == "within"
+    assert v.order_reproduced and not v.passed
+
+
+def test_a_too_fast_schedule_is_a_miss_too():
+    row = validate.compare({"oversample": [6.6]}, {"oversample": [4.0]}, 0.25).rows[0]
+    assert validate.verdict(row, 0.25) == "MISS: too fast"
+
+
+def test_every_schedule_within_but_in_another_order_fails():
+    v = validate.compare({"oppo": [6.2], "oversample": [6.6], "sync": [9.4]},
+                         {"oppo": [6.3], "oversample": [5.8], "sync": [9.5]}, 0.25)
+    assert all(r.within for r in v.rows)
+    assert v.measured_order == ("oppo", "oversample", "sync")
+    assert v.simulated_order == ("oversample", "oppo", "sync")
+    assert not v.order_reproduced and not v.passed
+
+
+def test_every_schedule_within_and_in_the_measured_order_passes(capsys):
+    v = validate.compare({"sync": [9.4, 9.2], "async": [7.7]}, {"sync": [9.0], "async": [8.0, 7.0]}, 0.25)
+    assert v.passed
+    validate.print_validation(v, "title", "replay")
+    out = capsys.readouterr().out
+    assert "measured order (fastest first):  async < sync" in out and "verdict: PASS (2/2" in out
+
+
+def test_the_tolerance_must_be_a_fraction():
+    with pytest.raises(ValueError, match="--tolerance"):
+        validate.compare({"sync": [1.0]}, {"sync": [1.0]}, 1.5)
+
+
+def test_a_run_is_named_schedule_dash_repeat():
+    assert validate.schedule_of(validate.Path("runs/bench/oversample-1")) == "oversample"
+    assert validate.schedule_of(validate.Path("oppo-async-0")) == "oppo-async"
+    with pytest.raises(ValueError, match="<schedule>-<repeat>"):
+        validate.schedule_of(validate.Path("runs/bench/fast-0"))
+
+
+def test_replayed_lengths_follow_sample_ids_where_the_timeline_has_them(tmp_path):
+    (tmp_path / "timeline").mkdir()
+    rows = [{"kind": "sample", "role": "rollout", "host": "h", "pid": 1, "key": k, "t0": 0.0, "t1": 1.0,
+             "tokens": tokens, "sample": sid} for k, (sid, tokens) in enumerate([(1, 30), (0, 20), (None, 16)])]
+    (tmp_path / "timeline" / "h-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert validate.replay_lengths(tmp_path, prompt_tokens=8) == [20, 30]  # the sync probe (no id) left out
+
+
+def test_replayed_lengths_are_rollouts_order_without_sample_ids(tmp_path):
+    steps = [{"step": 0, "samples": [{"sequence": [1] * 18}, {"sequence": [1] * 9}]},
+             {"step": 1, "samples": [{"sequence": [1] * 40}]}]
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    assert validate.replay_lengths(tmp_path, prompt_tokens=8) == [10, 1, 32]
