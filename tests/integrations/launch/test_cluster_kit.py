@@ -130,6 +130,52 @@ def test_readme_gpu_example_parses_and_is_not_refused():
     assert driver.streams_rewards(rest, cfg)
 
 
+def gpus_reserved(args: dict) -> int:
+    """GPUs Ray must reserve for OpenRLHF 0.11.2's placement (`train_ppo_ray.train`): vLLM
+    engines x TP; the actor's group, the reference's unless colocated with it; the critic's, the
+    reward model's unless colocated with the critic; under --train.colocate_all (sync), the
+    actor's group holds everything."""
+    def group(name):
+        return args[f"{name}.num_nodes"] * args[f"{name}.num_gpus_per_node"]
+
+    with_ref = args["algo.kl.init_coef"] > 0
+    with_rm = not args["reward.remote_url"]
+    if args["train.colocate_all"] and not args["train.async_enable"]:
+        critic_pg = group("critic") if args["critic.model_name_or_path"] and args["train.colocate_critic_reward"] else 0
+        return group("actor") + critic_pg
+    total = (args["vllm.num_engines"] or 0) * args["vllm.tensor_parallel_size"] + group("actor")
+    if with_ref and not args["train.colocate_actor_ref"]:
+        total += group("ref")
+    if args["critic.model_name_or_path"]:
+        total += group("critic")
+        if with_rm and not args["train.colocate_critic_reward"]:
+            total += group("reward")
+    elif with_rm:
+        total += group("reward")
+    return total
+
+
+def test_the_readme_gpu_example_fits_the_one_8_gpu_node_it_names():
+    """Ray waits on a placement group that cannot be placed forever, silently: the example
+    must ask for no more GPUs than the node the README says it runs on."""
+    section = _readme_cluster_section()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if ENTRY in b]
+    cfg, rest = driver.parse(training_argv(shlex.split(block.replace("\\\n", " "))))
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    assert "one\nnode of 8 GPUs" in section
+    assert gpus_reserved(args) == 8
+
+
+def test_gpus_reserved_counts_the_old_40_gpu_example():
+    args = {"vllm.num_engines": 4, "vllm.tensor_parallel_size": 2, "algo.kl.init_coef": 0.01,
+            "reward.remote_url": None, "critic.model_name_or_path": "c", "train.colocate_all": False,
+            "train.async_enable": False, "train.colocate_actor_ref": False, "train.colocate_critic_reward": False}
+    args |= {f"{g}.{k}": v for g in ("actor", "ref", "critic", "reward")
+             for k, v in (("num_nodes", 1), ("num_gpus_per_node", 8))}
+    assert gpus_reserved(args) == 40
+    assert gpus_reserved(args | {"train.colocate_all": True}) == 8
+
+
 def test_every_path_the_readme_cluster_section_names_exists():
     paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`",
                            _readme_cluster_section()))
