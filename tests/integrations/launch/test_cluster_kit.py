@@ -162,8 +162,8 @@ def test_the_readme_gpu_example_fits_the_one_8_gpu_node_it_names():
     (block,) = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if ENTRY in b]
     cfg, rest = driver.parse(training_argv(shlex.split(block.replace("\\\n", " "))))
     args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
-    assert "one\nnode of 8 GPUs" in section
     assert gpus_reserved(args) == 8
+    assert "one\nnode of 8 GPUs" in section
 
 
 def test_gpus_reserved_counts_the_old_40_gpu_example():
