@@ -176,6 +176,18 @@ def test_gpus_reserved_counts_the_old_40_gpu_example():
     assert gpus_reserved(args | {"train.colocate_all": True}) == 8
 
 
+@pytest.mark.parametrize("path", ["README.md", "docs/quickstart.md", "examples/scripts/train_oppo_multinode.sh",
+                                  "examples/scripts/train_oppo_slurm.sh"])
+def test_a_head_started_for_other_machines_serves_its_dashboard_beyond_loopback(path):
+    """`ray job submit --address http://$HEAD_IP:8265` needs the dashboard on that address; Ray
+    binds it to 127.0.0.1 unless `--dashboard-host` says otherwise, and the submission is refused."""
+    text = (REPO / path).read_text().replace("\\\n", " ")
+    heads = re.findall(r"ray start --head[^`\n]*", text)
+    assert heads
+    for head in heads:
+        assert "--dashboard-host 0.0.0.0" in head, f"{path}: {head}"
+
+
 def test_every_path_the_readme_cluster_section_names_exists():
     paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`",
                            _readme_cluster_section()))
