@@ -188,6 +188,20 @@ def test_a_head_started_for_other_machines_serves_its_dashboard_beyond_loopback(
         assert "--dashboard-host 0.0.0.0" in head, f"{path}: {head}"
 
 
+def test_the_quickstart_gives_the_7b_presets_gpu_counts():
+    import yaml
+
+    preset = yaml.safe_load((REPO / "configs" / "cluster" / "qwen2.5-7b-8gpu.yaml").read_text())
+    text = " ".join((REPO / "docs" / "quickstart.md").read_text().split())
+    got = re.search(r"vLLM on (\d+) GPUs, actor and reference \(colocated\) on (\d+), and a 7B reward model alone "
+                    r"on the (\w+) GPU", text)
+    assert got, "docs/quickstart.md no longer describes the 7B preset's layout"
+    vllm = preset["vllm"]["num_engines"] * preset["vllm"]["tensor_parallel_size"]
+    actor = preset["actor"]["num_nodes"] * preset["actor"]["num_gpus_per_node"]
+    assert preset["train"]["colocate_actor_ref"] and preset["reward"]["num_gpus_per_node"] == 1
+    assert (int(got[1]), int(got[2]), got[3]) == (vllm, actor, "eighth") and vllm + actor + 1 == 8
+
+
 def test_every_path_the_readme_cluster_section_names_exists():
     paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`",
                            _readme_cluster_section()))
