@@ -44,6 +44,11 @@ class ScoreReply:
     end_s: float
     kv_tokens: int = 0  # tokens the actor holds in KV caches after the call
     kv_budget_tokens: int = 0  # its budget (explicit, or derived from the device's memory)
+    # since the actor (re)started, monotone: caches dropped to honour the budget, tokens
+    # prefilled again because of it, forwards retried after a device out-of-memory
+    evictions: int = 0
+    reprefilled_tokens: int = 0
+    oom_retries: int = 0
 
 
 class StreamingRewardActor:
@@ -108,7 +113,9 @@ class StreamingRewardActor:
             timeline.RECORDER.span("reward", "prefill", t0, t1, tokens=sum(map(len, extends.values())))
         if finishes:
             timeline.RECORDER.span("reward", "score", t1, t2, tokens=sum(map(len, finishes.values())))
-        return ScoreReply(scores, t0, t2, self.scorer.cached_tokens, self.scorer.kv_budget_tokens)
+        stats = self.scorer.stats()
+        return ScoreReply(scores, t0, t2, self.scorer.cached_tokens, self.scorer.kv_budget_tokens,
+                          stats.evictions, stats.reprefilled_tokens, stats.oom_retries)
 
 
 class StreamingRewardModelActor(BaseModelActor):
