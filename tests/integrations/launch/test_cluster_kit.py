@@ -202,6 +202,24 @@ def test_the_quickstart_gives_the_7b_presets_gpu_counts():
     assert (int(got[1]), int(got[2]), got[3]) == (vllm, actor, "eighth") and vllm + actor + 1 == 8
 
 
+def _readme_example_argv() -> list[str]:
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", _readme_cluster_section(), re.S) if ENTRY in b]
+    return training_argv(shlex.split(block.replace("\\\n", " ")))
+
+
+@pytest.mark.parametrize("where", ["README example", "multinode-16gpu.yaml"])
+def test_an_explicit_kv_budget_holds_every_sequence_in_flight_per_reward_actor(where, monkeypatch):
+    """Chunks reach a reward actor round-robin over its samples in flight, LRU's worst case:
+    with a budget below their tokens nearly every chunk re-prefills its whole sequence."""
+    monkeypatch.chdir(REPO)
+    argv = _readme_example_argv() if where == "README example" else ["--config", f"configs/cluster/{where}"]
+    cfg, rest = driver.parse(argv)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    actors = args["reward.num_nodes"] * args["reward.num_gpus_per_node"]
+    in_flight = -(-(args["rollout.batch_size"] + cfg.delta.max) * args["rollout.n_samples_per_prompt"] // actors)
+    assert cfg.streaming.kv_budget_tokens >= in_flight * args["data.max_len"]
+
+
 def test_every_path_the_readme_cluster_section_names_exists():
     paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`",
                            _readme_cluster_section()))
