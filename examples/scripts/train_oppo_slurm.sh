@@ -54,7 +54,7 @@ fi
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "${NODES[0]}" hostname --ip-address | awk '{print $1}')
 srun --nodes=1 --ntasks=1 -w "${NODES[0]}" \
-  ray start --head --node-ip-address "$HEAD_IP" --port "$RAY_PORT" --num-gpus "$GPUS_PER_NODE" --block &
+  ray start --head --node-ip-address "$HEAD_IP" --dashboard-host 0.0.0.0 --port "$RAY_PORT" --num-gpus "$GPUS_PER_NODE" --block &
 sleep 10
 for node in "${NODES[@]:1}"; do
   srun --nodes=1 --ntasks=1 -w "$node" \

@@ -5,13 +5,15 @@
 
 Launch it as OpenRLHF users launch `openrlhf.cli.train_ppo_ray` (e.g. `ray job submit ...
 -- python -m openrlhf_oppo.cli.train_ppo_ray ...`). The driver's logic (config
-resolution, flag checks, Ray start-up, class swaps) is openrlhf_oppo.integrations.launch.driver.
+resolution, flag checks, Ray start-up, class swaps) is openrlhf_oppo.integrations.launch.driver;
+the input checks before Ray starts are cluster_entry's (the same as `openrlhf-oppo train`'s).
 """
 
 from __future__ import annotations
 
 import sys
 
+from openrlhf_oppo.integrations.launch.cluster_entry import main
 from openrlhf_oppo.integrations.launch.driver import (
     CORRECTIONS,
     FORWARDED_ENV,
@@ -21,7 +23,6 @@ from openrlhf_oppo.integrations.launch.driver import (
     STREAMING_REWARD_INCOMPATIBLE,
     check_flags,
     driver_env_vars,
-    main,
     openrlhf_argv,
     parse,
     streams_rewards,

@@ -70,9 +70,10 @@ def host_available_bytes() -> int:
         raise RuntimeError(msg) from None
 
 
-def auto_kv_budget(config, dtype, device, share: int = 1) -> KVBudget:
+def auto_kv_budget(config, dtype, device, share: int = 1, forward_reserve_tokens: int = 0) -> KVBudget:
     """The default budget of a scorer whose model (`config`, `dtype`) is loaded on `device`;
-    `share`: scorers drawing on the same host memory (CPU only)."""
+    `share`: scorers drawing on the same host memory (CPU only); `forward_reserve_tokens`: KV
+    tokens the batched forward copies on top of the caches (taken off the free memory first)."""
     import torch
 
     dtype_bytes = torch.empty((), dtype=dtype).element_size()
@@ -83,9 +84,11 @@ def auto_kv_budget(config, dtype, device, share: int = 1) -> KVBudget:
         fraction, share, where = CUDA_FRACTION, 1, f"free memory of {device}"
     else:
         free, fraction, where = host_available_bytes(), CPU_FRACTION, "available host memory"
-    tokens = budget_from_free_bytes(free, config, dtype_bytes, fraction, share)
+    reserve = forward_reserve_tokens * per_token
+    tokens = budget_from_free_bytes(free - reserve * share, config, dtype_bytes, fraction, share)
     layers, kv_heads, head_dim = kv_shape(config)
     split = f" / {share} scorers" if share > 1 else ""
-    how = (f"{fraction:g} x {free / 2**30:.1f} GiB {where}{split} / {per_token:,} B per token "
+    minus = f" - {reserve / 2**30:.1f} GiB for the batched forward's copies" if reserve else ""
+    how = (f"{fraction:g} x ({free / 2**30:.1f} GiB {where}{minus}){split} / {per_token:,} B per token "
            f"(2 x {layers} layers x {kv_heads} kv heads x {head_dim} head dim x {dtype_bytes} B)")
     return KVBudget(tokens, how)

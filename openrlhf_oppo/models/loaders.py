@@ -165,13 +165,20 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward: bool, value_head_prefix: str,
                    dtype: torch.dtype, attn_implementation: str) -> _OpenRLHFValueModel:
+    from accelerate import init_empty_weights
+
     config = AutoConfig.from_pretrained(path)
     # As OpenRLHF: the prefix saved in the config wins over the argument.
     prefix = getattr(config, "value_head_prefix", value_head_prefix)
-    model = cls(config, value_head_prefix=prefix, normalize_reward=normalize_reward,
-                attn_implementation=attn_implementation)
-    state = _load_state_dict(path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Parameters on the meta device (no fp32 random init on the host: ~32 GB for an 8B model),
+    # buffers real (rotary inv_freq, mean/std are computed, not saved); the checkpoint's
+    # tensors are then assigned in `dtype`.
+    with init_empty_weights(include_buffers=False):
+        model = cls(config, value_head_prefix=prefix, normalize_reward=normalize_reward,
+                    attn_implementation=attn_implementation)
+    state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+             for name, tensor in _load_state_dict(path).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(
             f"{path}: weights do not match the OpenRLHF layout with value_head_prefix={prefix!r} "
@@ -182,11 +189,25 @@ def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward:
 
 
 def _load_transformers(path: Path, normalize_reward: bool, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation
-    )
-    if model.config.num_labels != 1:
-        raise ValueError(f"{path}: num_labels={model.config.num_labels}; a reward model needs num_labels=1")
+    # num_labels=1: a reward model has one output, and a config without id2label
+    # defaults to 2 labels and would not load a (1, H) head. A checkpoint whose head is not
+    # where the class expects it (`score` for transformers' classes) would load with a random
+    # head and a warning: the run would train on noise, so missing weights are an error.
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True
+        )
+    except RuntimeError as exc:  # a head of another shape (num_labels != 1): transformers' size mismatch
+        raise ValueError(f"{path}: the weights do not load as a reward model with num_labels=1 "
+                         f"(a reward model has one output): {exc}") from exc
+    if info["missing_keys"] or info["mismatched_keys"]:
+        raise ValueError(
+            f"{path}: {type(model).__name__} found no weights for {sorted(info['missing_keys'])[:5]} "
+            f"(mismatched {sorted(info['mismatched_keys'])[:5]}; unexpected in the checkpoint: "
+            f"{sorted(info['unexpected_keys'])[:5]}); transformers would initialise them at random. A "
+            "transformers-layout reward model needs its head saved as `score`; an OpenRLHF-layout one "
+            "names it in config.json's value_head_prefix"
+        )
     # As get_llm_for_sequence_regression: the flag goes on the config; the scorers apply it with the
     # config's mean/std (heads.value_model_parts), since this model's own forward does not normalise.
     model.config.normalize_reward = normalize_reward

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from openrlhf_oppo.models.device_memory import OutOfMemoryError, release_device_memory
 from openrlhf_oppo.models.padded_batch import padded_inputs, stacked_cache
 
 
@@ -48,6 +49,7 @@ class PrefillStats:
     reprefilled_tokens: int  # tokens computed again because their cache was evicted
     cached_tokens: int  # tokens held in KV caches right now
     open_sequences: int  # opened and neither finished nor dropped
+    oom_retries: int = 0  # forwards run again after a device out-of-memory (caches evicted first)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class PrefillEngine:
         self._prefilled_tokens = 0
         self._evictions = 0
         self._reprefilled_tokens = 0
+        self._oom_retries = 0
         # Filled by reset(): a seq_id then reports *why* it is unknown.
         self.unknown_hint = ""
 
@@ -148,6 +151,7 @@ class PrefillEngine:
             reprefilled_tokens=self._reprefilled_tokens,
             cached_tokens=self._cached_tokens,
             open_sequences=sum(not s.finished for s in self._seqs.values()),
+            oom_retries=self._oom_retries,
         )
 
     @property
@@ -250,7 +254,7 @@ class PrefillEngine:
                 results[seq_id] = Forwarded(len(seq.token_ids), empty, seq.last_hidden)
         for group in self._micro_batches(todo):
             self._make_room(group)
-            hidden = self._forward_group([self._seqs[s] for s in group])
+            hidden = self._forward_or_evict_and_retry(group)
             for seq_id, h in zip(group, hidden, strict=True):
                 seq = self._seqs[seq_id]
                 first_pos = seq.cached_len_tokens - h.shape[0]
@@ -314,6 +318,28 @@ class PrefillEngine:
                 break
             self._evict(seq)
 
+    def _forward_or_evict_and_retry(self, group: list[int], keep: frozenset[int] = frozenset()) -> list[torch.Tensor]:
+        """`_forward_group`, and on a device out-of-memory (the budget is a token count; the
+        device may be shared): evict every cache outside `keep` (the caller's whole group, whose
+        results are being assembled), release the allocator's blocks and run again, in halves
+        if needed. A lone sequence that still does not fit re-raises. `_forward_group` commits
+        nothing before its forward and copies succeed: a retry is exact."""
+        keep = keep or frozenset(group)
+        try:
+            return self._forward_group([self._seqs[s] for s in group])
+        except OutOfMemoryError:
+            if len(group) == 1 and not self._lru(set(keep)):
+                raise
+        self._oom_retries += 1
+        for seq in self._lru(set(keep)):
+            self._evict(seq)
+        release_device_memory()
+        if len(group) == 1:
+            return self._forward_or_evict_and_retry(group, keep)
+        half = len(group) // 2
+        first = self._forward_or_evict_and_retry(group[:half], keep)
+        return first + self._forward_or_evict_and_retry(group[half:], keep)
+
     @torch.inference_mode()
     def _forward_group(self, group: list[_Sequence]) -> list[torch.Tensor]:
         """One batched forward of every uncached token of `group`; returns (n_i, H) per sequence."""
@@ -334,24 +360,26 @@ class PrefillEngine:
         hidden = out.last_hidden_state  # (B, N, H)
         self._forward_calls += 1
 
-        results = []
-        for i, (seq, p, toks) in enumerate(zip(group, past, new, strict=True)):
+        # Copy everything out first, commit after: an out-of-memory in a copy leaves every
+        # sequence as it was (see _forward_or_evict_and_retry).
+        kvs, hs = [], []
+        for i, (p, toks) in enumerate(zip(past, new, strict=True)):
             n = len(toks)
-            seq.kv = [
-                (
-                    layer.keys[i, :, max_past - p : max_past + n].clone(),
-                    layer.values[i, :, max_past - p : max_past + n].clone(),
-                )
-                for layer in out.past_key_values.layers
-            ]
+            kvs.append([(layer.keys[i, :, max_past - p : max_past + n].clone(),
+                         layer.values[i, :, max_past - p : max_past + n].clone())
+                        for layer in out.past_key_values.layers])
+            hs.append(hidden[i, :n].clone())
+        del out, cache, hidden  # the padded copy: freed before the caller's next forward
+        for seq, p, toks, kv, h in zip(group, past, new, kvs, hs, strict=True):
+            n = len(toks)
+            seq.kv = kv
             seq.cached_len_tokens = p + n
             self._cached_tokens += n
             self._prefilled_tokens += n
             if seq.evicted_len_tokens:
                 self._reprefilled_tokens += min(seq.evicted_len_tokens, n)
                 seq.evicted_len_tokens = 0
-            h = hidden[i, :n].clone()
-            seq.last_hidden = h[-1]
+            # a copy, not a view: a view of h would keep the whole chunk's (n, H) alive
+            seq.last_hidden = h[-1].clone()
             seq.last_hidden_pos = p + n - 1
-            results.append(h)
-        return results
+        return hs

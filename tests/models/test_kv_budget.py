@@ -79,7 +79,11 @@ def test_reward_actor_derives_its_budget_on_cpu_and_reports_kv_tokens(saved_rewa
         pytest.skip("the actor takes the GPU here")
     monkeypatch.setattr(budget, "host_available_bytes", lambda: 4 * GIB)
     actor = _actor(saved_reward, scorers_per_host=2)
-    expected = int(4 * GIB * CPU_FRACTION / 2) // kv_bytes_per_token(tiny.config("qwen2"), 4)
+    from openrlhf_oppo.integrations.runtime.scorer import MAX_BATCH_TOKENS
+
+    per_token = kv_bytes_per_token(tiny.config("qwen2"), 4)
+    # each of the 2 scorers keeps room for its batched forward's copies (2 x MAX_BATCH_TOKENS)
+    expected = int((4 * GIB - 2 * 2 * MAX_BATCH_TOKENS * per_token) * CPU_FRACTION / 2) // per_token
     assert actor.scorer.kv_budget_tokens == expected
     assert f"KV budget {expected:,} tokens (auto: " in capsys.readouterr().out
     actor.open_many({1: [5, 6, 7], 2: [8, 9]})
@@ -109,5 +113,8 @@ def test_reward_actor_budget_comes_from_cuda_mem_get_info(saved_reward, tiny, mo
     assert seen, "the budget was not derived from torch.cuda.mem_get_info"
     free = seen[-1][0]
     bf16 = kv_bytes_per_token(tiny.config("qwen2"), 2)
+    from openrlhf_oppo.integrations.runtime.scorer import MAX_BATCH_TOKENS
+
+    free -= 2 * MAX_BATCH_TOKENS * bf16  # the batched forward's copies
     assert actor.scorer.kv_budget_tokens == budget_from_free_bytes(free, tiny.config("qwen2"), 2, CUDA_FRACTION)
     assert actor.scorer.kv_budget_tokens == int(free * CUDA_FRACTION) // bf16

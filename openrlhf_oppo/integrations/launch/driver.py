@@ -218,17 +218,3 @@ def run_openrlhf(cfg: oppo_config.OppoConfig, rest: list[str]) -> None:
     patch_driver(streams_rewards(rest, cfg))
     sys.argv = [OPENRLHF_MODULE, *rest]
     runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
-        print_help()
-        return 0
-    try:
-        cfg, rest = resolve(argv)
-    except ValueError as exc:
-        print(f"{ENTRY_MODULE}: error: {exc}", file=sys.stderr)
-        return 2
-    run_openrlhf(cfg, rest)
-    return 0

@@ -17,6 +17,7 @@ batch is a plain forward of a frozen model.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -26,8 +27,12 @@ from openrlhf.trainer.ray.launcher import BaseModelActor
 from openrlhf_oppo import timeline
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS, config_from_env
+from openrlhf_oppo.models.device_memory import OutOfMemoryError, release_device_memory
 
 logger = get_logger(__name__)
+# most padded tokens in one batched forward (PrefillEngine's max_batch_tokens): its padded cache
+# copy and the per-sequence clones (2 x this x KV bytes per token) come out of the KV budget
+MAX_BATCH_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,11 @@ class ScoreReply:
     end_s: float
     kv_tokens: int = 0  # tokens the actor holds in KV caches after the call
     kv_budget_tokens: int = 0  # its budget (explicit, or derived from the device's memory)
+    # since the actor (re)started, monotone: caches dropped to honour the budget, tokens
+    # prefilled again because of it, forwards retried after a device out-of-memory
+    evictions: int = 0
+    reprefilled_tokens: int = 0
+    oom_retries: int = 0
 
 
 class StreamingRewardActor:
@@ -54,6 +64,7 @@ class StreamingRewardActor:
 
         from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model
         from openrlhf_oppo.models.budget import auto_kv_budget
+        from openrlhf_oppo.models.device_memory import check_fits_device, model_bytes
 
         torch.set_grad_enabled(False)
         dtype = {None: torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[param_dtype]
@@ -63,7 +74,11 @@ class StreamingRewardActor:
             value_head_prefix=value_head_prefix,
             dtype=dtype,
             attn_implementation=attn_implementation,
-        ).to("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        if torch.cuda.is_available():
+            free, total = torch.cuda.mem_get_info()
+            check_fits_device(model_bytes(model), free, total, f"--reward.model_name_or_path {model_path}")
+        model = model.to("cuda" if torch.cuda.is_available() else "cpu")
         param = next(model.parameters())
         # what was loaded, as the flags asked (recorded on the timeline by StreamingRewardModelActor)
         self.loaded = {"dtype": str(param.dtype).removeprefix("torch."),
@@ -71,10 +86,12 @@ class StreamingRewardActor:
         if kv_budget_tokens > 0:
             how = "--oppo.streaming.kv_budget_tokens"
         else:
-            auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host)
+            auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host,
+                                  forward_reserve_tokens=2 * MAX_BATCH_TOKENS)
             kv_budget_tokens, how = auto.tokens, f"auto: {auto.how}"
         logger.info("OPPO streaming reward actor: KV budget %s tokens (%s)", f"{kv_budget_tokens:,}", how)
-        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens, pooling=pooling)
+        self.scorer = StreamingRewardScorer(model, kv_budget_tokens=kv_budget_tokens, pooling=pooling,
+                                            max_batch_tokens=MAX_BATCH_TOKENS)
 
     def open_many(self, prompts: dict[int, list[int]]) -> None:
         for seq_id, prompt_ids in prompts.items():
@@ -89,12 +106,16 @@ class StreamingRewardActor:
         scores = self.scorer.finish_many(finishes) if finishes else {}
         for seq_id in scores:
             self.scorer.drop(seq_id)
+        if scores:  # finished caches freed: hand the blocks back to the colocated models
+            release_device_memory()
         t2 = time.time()
         if extends:
             timeline.RECORDER.span("reward", "prefill", t0, t1, tokens=sum(map(len, extends.values())))
         if finishes:
             timeline.RECORDER.span("reward", "score", t1, t2, tokens=sum(map(len, finishes.values())))
-        return ScoreReply(scores, t0, t2, self.scorer.cached_tokens, self.scorer.kv_budget_tokens)
+        stats = self.scorer.stats()
+        return ScoreReply(scores, t0, t2, self.scorer.cached_tokens, self.scorer.kv_budget_tokens,
+                          stats.evictions, stats.reprefilled_tokens, stats.oom_retries)
 
 
 class StreamingRewardModelActor(BaseModelActor):
@@ -135,7 +156,15 @@ class StreamingRewardModelActor(BaseModelActor):
         self.streaming.open_many(prompts)
 
     def process(self, extends: dict[int, list[int]], finishes: dict[int, list[int]]) -> ScoreReply:
-        return self.streaming.process(extends, finishes)
+        try:
+            return self.streaming.process(extends, finishes)
+        except OutOfMemoryError:
+            # The engine already evicted every other cache and retried one sequence at a time.
+            # A fresh process (no fragmentation, nothing else cached) is the restart path: Ray
+            # restarts this actor in its bundle and the reward dispatcher re-prefills what it held.
+            logger.exception("OPPO streaming reward actor: out of device memory after evicting every other "
+                             "KV cache; exiting so Ray restarts it (lower --oppo.streaming.kv_budget_tokens)")
+            os._exit(1)
 
 
 # a dead actor is restarted by Ray in its place (its bundle); the reward dispatcher reloads its model

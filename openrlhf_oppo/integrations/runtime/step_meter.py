@@ -31,6 +31,9 @@ class StepMeter:
         # actor index -> (most KV tokens held after a call this step, after its latest call)
         self.scorer_kv_tokens: dict[int, tuple[int, int]] = {}
         self.scorer_kv_budget_tokens = 0  # summed over actors, from their replies
+        # actor index -> its latest (evictions, reprefilled tokens, OOM retries), counted since it started
+        self.scorer_counters: dict[int, tuple[int, int, int]] = {}
+        self.scorer_step_counts = [0, 0, 0]  # the same, summed over actors, this step
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True, disable=not show_progress)
 
     # ------------------------------------------------------------------ fed during a step
@@ -60,6 +63,12 @@ class StepMeter:
         step_max, _ = self.scorer_kv_tokens.get(actor, (0, 0))
         self.scorer_kv_tokens[actor] = (max(step_max, reply.kv_tokens), reply.kv_tokens)
         self.scorer_kv_budget_tokens = reply.kv_budget_tokens * self.scorers
+        now = (reply.evictions, reply.reprefilled_tokens, reply.oom_retries)
+        before = self.scorer_counters.get(actor, (0, 0, 0))
+        restarted = any(n < b for n, b in zip(now, before))  # a restarted actor counts from 0
+        for i, (n, b) in enumerate(zip(now, before)):
+            self.scorer_step_counts[i] += n if restarted else n - b
+        self.scorer_counters[actor] = now
         for sid, n in ahead.items():  # overlapped: the prefill was done before the sample was
             if sid in self.finished_s:
                 self.overlap_tokens[0 if reply.end_s <= self.finished_s[sid] else 1] += n
@@ -95,6 +104,13 @@ class StepMeter:
         out["oppo/scorer_kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
         out["oppo/scorer_kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
         self.scorer_kv_tokens = {idx: (last, last) for idx, (_, last) in self.scorer_kv_tokens.items()}
+        # eviction thrash shows here: re-prefilled tokens near the prefilled ones mean the budget
+        # holds fewer tokens than the sequences in flight (chunks arrive round-robin: LRU's worst case)
+        evictions, reprefilled, oom_retries = self.scorer_step_counts
+        out["oppo/scorer_evictions"] = float(evictions)
+        out["oppo/scorer_reprefilled_tokens"] = float(reprefilled)
+        out["oppo/scorer_oom_retries"] = float(oom_retries)
+        self.scorer_step_counts = [0, 0, 0]
         return out
 
     def forget(self, sample_ids: list[int]) -> None:

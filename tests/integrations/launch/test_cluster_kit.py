@@ -130,6 +130,96 @@ def test_readme_gpu_example_parses_and_is_not_refused():
     assert driver.streams_rewards(rest, cfg)
 
 
+def gpus_reserved(args: dict) -> int:
+    """GPUs Ray must reserve for OpenRLHF 0.11.2's placement (`train_ppo_ray.train`): vLLM
+    engines x TP; the actor's group, the reference's unless colocated with it; the critic's, the
+    reward model's unless colocated with the critic; under --train.colocate_all (sync), the
+    actor's group holds everything."""
+    def group(name):
+        return args[f"{name}.num_nodes"] * args[f"{name}.num_gpus_per_node"]
+
+    with_ref = args["algo.kl.init_coef"] > 0
+    with_rm = not args["reward.remote_url"]
+    if args["train.colocate_all"] and not args["train.async_enable"]:
+        critic_pg = group("critic") if args["critic.model_name_or_path"] and args["train.colocate_critic_reward"] else 0
+        return group("actor") + critic_pg
+    total = (args["vllm.num_engines"] or 0) * args["vllm.tensor_parallel_size"] + group("actor")
+    if with_ref and not args["train.colocate_actor_ref"]:
+        total += group("ref")
+    if args["critic.model_name_or_path"]:
+        total += group("critic")
+        if with_rm and not args["train.colocate_critic_reward"]:
+            total += group("reward")
+    elif with_rm:
+        total += group("reward")
+    return total
+
+
+def test_the_readme_gpu_example_fits_the_one_8_gpu_node_it_names():
+    """Ray waits on a placement group that cannot be placed forever, silently: the example
+    must ask for no more GPUs than the node the README says it runs on."""
+    section = _readme_cluster_section()
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if ENTRY in b]
+    cfg, rest = driver.parse(training_argv(shlex.split(block.replace("\\\n", " "))))
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    assert gpus_reserved(args) == 8
+    assert "one\nnode of 8 GPUs" in section
+
+
+def test_gpus_reserved_counts_the_old_40_gpu_example():
+    args = {"vllm.num_engines": 4, "vllm.tensor_parallel_size": 2, "algo.kl.init_coef": 0.01,
+            "reward.remote_url": None, "critic.model_name_or_path": "c", "train.colocate_all": False,
+            "train.async_enable": False, "train.colocate_actor_ref": False, "train.colocate_critic_reward": False}
+    args |= {f"{g}.{k}": v for g in ("actor", "ref", "critic", "reward")
+             for k, v in (("num_nodes", 1), ("num_gpus_per_node", 8))}
+    assert gpus_reserved(args) == 40
+    assert gpus_reserved(args | {"train.colocate_all": True}) == 8
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/quickstart.md", "examples/scripts/train_oppo_multinode.sh",
+                                  "examples/scripts/train_oppo_slurm.sh"])
+def test_a_head_started_for_other_machines_serves_its_dashboard_beyond_loopback(path):
+    """`ray job submit --address http://$HEAD_IP:8265` needs the dashboard on that address; Ray
+    binds it to 127.0.0.1 unless `--dashboard-host` says otherwise, and the submission is refused."""
+    text = (REPO / path).read_text().replace("\\\n", " ")
+    heads = re.findall(r"ray start --head[^`\n]*", text)
+    assert heads
+    for head in heads:
+        assert "--dashboard-host 0.0.0.0" in head, f"{path}: {head}"
+
+
+def test_the_quickstart_gives_the_7b_presets_gpu_counts():
+    import yaml
+
+    preset = yaml.safe_load((REPO / "configs" / "cluster" / "qwen2.5-7b-8gpu.yaml").read_text())
+    text = " ".join((REPO / "docs" / "quickstart.md").read_text().split())
+    got = re.search(r"vLLM on (\d+) GPUs, actor and reference \(colocated\) on (\d+), and a 7B reward model alone "
+                    r"on the (\w+) GPU", text)
+    assert got, "docs/quickstart.md no longer describes the 7B preset's layout"
+    vllm = preset["vllm"]["num_engines"] * preset["vllm"]["tensor_parallel_size"]
+    actor = preset["actor"]["num_nodes"] * preset["actor"]["num_gpus_per_node"]
+    assert preset["train"]["colocate_actor_ref"] and preset["reward"]["num_gpus_per_node"] == 1
+    assert (int(got[1]), int(got[2]), got[3]) == (vllm, actor, "eighth") and vllm + actor + 1 == 8
+
+
+def _readme_example_argv() -> list[str]:
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", _readme_cluster_section(), re.S) if ENTRY in b]
+    return training_argv(shlex.split(block.replace("\\\n", " ")))
+
+
+@pytest.mark.parametrize("where", ["README example", "multinode-16gpu.yaml"])
+def test_an_explicit_kv_budget_holds_every_sequence_in_flight_per_reward_actor(where, monkeypatch):
+    """Chunks reach a reward actor round-robin over its samples in flight, LRU's worst case:
+    with a budget below their tokens nearly every chunk re-prefills its whole sequence."""
+    monkeypatch.chdir(REPO)
+    argv = _readme_example_argv() if where == "README example" else ["--config", f"configs/cluster/{where}"]
+    cfg, rest = driver.parse(argv)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    actors = args["reward.num_nodes"] * args["reward.num_gpus_per_node"]
+    in_flight = -(-(args["rollout.batch_size"] + cfg.delta.max) * args["rollout.n_samples_per_prompt"] // actors)
+    assert cfg.streaming.kv_budget_tokens >= in_flight * args["data.max_len"]
+
+
 def test_every_path_the_readme_cluster_section_names_exists():
     paths = set(re.findall(r"`((?:examples/scripts|configs/cluster|dockerfile|docs)/[\w./-]+)`",
                            _readme_cluster_section()))

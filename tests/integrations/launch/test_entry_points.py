@@ -31,10 +31,40 @@ def test_the_cluster_entry_point_refuses_an_incompatible_flag_before_starting_ra
                                   "with OPPO (python -m openrlhf_oppo.cli.train_ppo_ray)")
 
 
+def test_the_cluster_entry_point_refuses_a_bad_dataset_row_before_starting_ray(tmp_path, monkeypatch):
+    """The same input checks as `openrlhf-oppo train`, before the cluster starts: a row without
+    the input key is an error naming the file and row (exit 2), not a failure inside an actor."""
+    from openrlhf_oppo.integrations.launch import cluster_entry, driver
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"question": "2 + 2?"}\n{"prompt": "no question key"}\n')
+    started = []
+    monkeypatch.setattr(driver, "run_openrlhf", lambda cfg, rest: started.append(rest))
+    monkeypatch.setenv(cluster_entry.REPORT_ENV, str(tmp_path / "preflight.json"))
+    argv = ["--actor.model_name_or_path", "org/some-model", "--reward.model_name_or_path", "org/some-rm",
+            "--data.prompt_dataset", str(data), "--data.input_key", "question"]
+    assert cluster_entry.main(argv) == 2 and started == []
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"question": "2 + 2?"}\n')
+    argv[argv.index(str(data))] = str(good)
+    assert cluster_entry.main(argv) == 0 and len(started) == 1
+    assert (tmp_path / "preflight.json").exists()
+
+
+def test_the_cluster_entry_point_names_the_row(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"question": "2 + 2?"}\n{"prompt": "no question key"}\n')
+    proc = _entry("--actor.model_name_or_path", "org/m", "--reward.model_name_or_path", "org/rm",
+                  "--data.prompt_dataset", str(data), "--data.input_key", "question")
+    assert proc.returncode == 2
+    assert f"error: --data.prompt_dataset {data}: row 2 (line 2) has no --data.input_key 'question'" in proc.stderr
+
+
 def test_the_cli_modules_re_export_the_launch_functions():
     from openrlhf_oppo.cli import train, train_ppo_ray
-    from openrlhf_oppo.integrations.launch import driver, train_run
+    from openrlhf_oppo.integrations.launch import cluster_entry, driver, train_run
 
     assert (train.main, train.run) == (train_run.main, train_run.run)
-    for name in train_ppo_ray.__all__:
+    assert train_ppo_ray.main is cluster_entry.main
+    for name in set(train_ppo_ray.__all__) - {"main"}:
         assert getattr(train_ppo_ray, name) is getattr(driver, name)

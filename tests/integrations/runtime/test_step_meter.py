@@ -67,6 +67,22 @@ def test_kv_tokens_are_each_actors_most_this_step_then_its_latest():
     assert meter.metrics(report(), 1, 0, 0)["oppo/scorer_kv_tokens"] == 15.0
 
 
+def test_evictions_and_reprefilled_tokens_are_reported_per_step_across_a_restart():
+    meter = make_meter(scorers=2)
+    counted = dict(start_s=101, end_s=102, kv_tokens=0, kv_budget_tokens=1000)
+    meter.on_reward_reply(0, ScoreReply({}, **counted, evictions=3, reprefilled_tokens=300), ahead={})
+    meter.on_reward_reply(1, ScoreReply({}, **counted, evictions=1, reprefilled_tokens=50, oom_retries=1), ahead={})
+    meter.on_reward_reply(0, ScoreReply({}, **counted, evictions=5, reprefilled_tokens=420), ahead={})
+    m = meter.metrics(report(), 0, 0, 0)
+    assert (m["oppo/scorer_evictions"], m["oppo/scorer_reprefilled_tokens"], m["oppo/scorer_oom_retries"]) == (
+        6.0, 470.0, 1.0)
+    meter.on_reward_reply(0, ScoreReply({}, **counted, evictions=6, reprefilled_tokens=500), ahead={})
+    meter.on_reward_reply(1, ScoreReply({}, **counted, evictions=2, reprefilled_tokens=10), ahead={})  # restarted
+    m = meter.metrics(report(), 1, 0, 0)
+    assert (m["oppo/scorer_evictions"], m["oppo/scorer_reprefilled_tokens"], m["oppo/scorer_oom_retries"]) == (
+        3.0, 90.0, 0.0)
+
+
 def test_metrics_carry_the_schedulers_report_and_the_steps_counts_in_order():
     metrics = make_meter(scorers=0, generated=50).metrics(report(), policy_version=3, scorer_restarts=1,
                                                           aborted_requests=2)

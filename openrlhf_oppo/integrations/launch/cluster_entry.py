@@ -1,0 +1,43 @@
+"""`python -m openrlhf_oppo.cli.train_ppo_ray`'s main: what `ray job submit` runs.
+
+Everything is checked before Ray starts, as `openrlhf-oppo train` checks it: the flags
+(`driver.resolve`: OPPO's refusals), the batch and length set-up (`preflight.check_config`)
+and the inputs (`preflight.check_inputs`: every row of the local dataset files, prompts
+against OpenRLHF's prompt budget, the reward model's and critic's tokenizers against the
+actor's). A bad row is an error naming the file and row here, not deep inside an actor after
+the cluster has started. Hub ids are skipped with a notice, as in `openrlhf-oppo train`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from openrlhf_oppo.integrations.launch import driver, preflight
+
+SKIP_INPUT_CHECKS_ENV = "OPPO_SKIP_INPUT_CHECKS"  # "1": skip the dataset / tokenizer checks (the flags' stay)
+REPORT_ENV = "OPPO_PREFLIGHT_JSON"  # where the input checks' report goes (default: a temp file)
+
+
+def _report_path() -> Path:
+    named = os.environ.get(REPORT_ENV)
+    return Path(named) if named else Path(tempfile.gettempdir()) / f"openrlhf_oppo-preflight-{os.getpid()}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        driver.print_help()
+        return 0
+    try:
+        cfg, rest = driver.resolve(argv)
+        preflight.check_config({}, argv, oppo=True)
+        if os.environ.get(SKIP_INPUT_CHECKS_ENV, "") not in ("1", "true"):
+            preflight.check_inputs({}, argv, _report_path(), oppo=True)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"{driver.ENTRY_MODULE}: error: {exc}", file=sys.stderr)
+        return 2
+    driver.run_openrlhf(cfg, rest)
+    return 0
