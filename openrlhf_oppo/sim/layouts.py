@@ -9,8 +9,9 @@ The rules, from OpenRLHF 0.11.2's `cli/train_ppo_ray.py` and OPPO's integration:
     sleep       the hybrid engine: sync only ("Async RLHF is not supported with --vllm.enable_sleep";
                 OPPO refuses it, its engines decode while the trainer trains).
     split       vLLM on its own devices, the DeepSpeed models on theirs; the reward model on its own
-                devices, or among the DeepSpeed models (`split.reward_with_train`, OpenRLHF's
-                modes only: OPPO streams chunks into reward actors with devices of their own).
+                devices, or among the DeepSpeed models (`split.reward_with_train`; not for an OPPO
+                schedule that streams rewards: its streaming reward actors beside the DeepSpeed
+                models are not modelled).
 
 The paper's layout (colocated, the reward model on its own devices) is not one OpenRLHF's flags
 can place; a preset that names it is simulated as named, and `--best-layout` never picks it.
@@ -23,30 +24,42 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from openrlhf_oppo import config as oppo_config
+from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
 from openrlhf_oppo.sim import memory
+from openrlhf_oppo.sim.drivers import OPPO_SCHEDULES
 from openrlhf_oppo.sim.presets import SimConfig, Split
 
 ASYNC_BASELINES = ("async", "partial", "oversample")
 
 
-def rule(schedule: str, split: Split) -> str | None:
-    """Why `schedule`'s framework cannot run `split`; None when it can."""
+def rule(schedule: str, split: Split, streams_reward: bool = False) -> str | None:
+    """Why `schedule`'s framework cannot run `split`; None when it can. `streams_reward`: OPPO
+    streams chunks into the reward model (its reward group is made of streaming reward actors)."""
     if split.colocate and schedule in ASYNC_BASELINES:
         return ("OpenRLHF's async modes keep vLLM on its own devices (--train.colocate_all with "
                 "--train.async_enable colocates only the DeepSpeed models)")
     if split.sleep and schedule != "sync":
         return "sleep mode is for sync only (OpenRLHF refuses it with async; OPPO refuses --vllm.enable_sleep)"
-    if split.reward_with_train and schedule not in ("sync", *ASYNC_BASELINES):
-        return "OPPO streams into reward actors on devices of their own (split.reward_with_train is OpenRLHF's)"
-    if schedule == "sync" and split.colocate and not split.score_gpus and not split.reward_with_train:
+    if streams_reward and split.reward_with_train:
+        return ("streaming reward actors beside the DeepSpeed models (--train.colocate_critic_reward) are not "
+                "modelled: give them devices of their own or the engines'")
+    if not streams_reward and split.colocate and not split.score_gpus and not split.reward_with_train:
         return "--train.colocate_all puts OpenRLHF's reward model among the DeepSpeed models (split.reward_with_train)"
     return None
+
+
+def streams_reward(cfg: SimConfig, schedule: str) -> bool:
+    """Whether `schedule` streams chunks into the reward model with `cfg`'s OPPO settings."""
+    if schedule not in OPPO_SCHEDULES:
+        return False
+    return "reward" in schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.scorers()
 
 
 def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     """`cfg` with vLLM's memory share fitted (`memory.fit_engines`), and why `schedule` cannot run
     it (empty: it can)."""
-    reason = rule(schedule, cfg.split)
+    reason = rule(schedule, cfg.split, streams_reward(cfg, schedule))
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
         cfg = memory.fit_engines(cfg)
@@ -115,6 +128,6 @@ def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
             refused.append((split, overflow))
             continue
         for s in schedules:
-            if rule(s, split) is None:
+            if rule(s, split, streams_reward(cfg, s)) is None:
                 runnable[s].append(fitted)
     return Searched(runnable, refused)

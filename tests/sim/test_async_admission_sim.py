@@ -91,7 +91,7 @@ def test_disaggregated_async_admission_decodes_more_during_training_than_oppo(le
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_disaggregated_async_admission_shortens_the_step_at_the_preset_lengths(seed):
     # only at the preset lengths: with a heavy tail the lag bound forces stragglers into the
-    # batch within two steps and the batch waits for them (docs/sim-async.md)
+    # batch within two steps and the batch waits for them (docs/simulator.md)
     cfg = load_preset("paper-7b-h200", [*SMALL, *DISAGGREGATED])
     costs = cost_model.build(cfg)
     mean = {s: drivers.summarize(drivers.simulate(cfg, costs, s, seed), 3)["mean_step_s"]

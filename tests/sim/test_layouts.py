@@ -87,15 +87,25 @@ def test_reward_with_train_is_a_make_experience_stage_not_a_reward_server_call()
     ("async", {"colocate": True}, "own devices"),
     ("oversample", {"colocate": True}, "own devices"),
     ("oppo", {"colocate": True, "sleep": True}, "sleep mode"),
-    ("oppo-async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "OPPO streams"),
+    ("oppo-async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "streaming reward actors"),
+    ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),  # streams nothing
     ("sync", {"colocate": True, "score_gpus": 0}, "colocate_all"),
+    ("oppo-inter", {"colocate": True, "score_gpus": 0}, "colocate_all"),
     ("sync", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
     ("async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
     ("oppo", {"colocate": True, "score_gpus": 0}, None),
 ])
 def test_rules_of_openrlhf_and_oppo(schedule, split, refused):
-    why = layouts.rule(schedule, dataclasses.replace(presets.Split(), **split))
+    cfg = presets.load_preset("paper-7b-h200")
+    why = layouts.rule(schedule, dataclasses.replace(presets.Split(), **split), layouts.streams_reward(cfg, schedule))
     assert (why is None) if refused is None else (refused in why)
+
+
+def test_an_oppo_schedule_streams_rewards_unless_streaming_is_off():
+    cfg = presets.load_preset("paper-7b-h200")
+    assert layouts.streams_reward(cfg, "oppo") and not layouts.streams_reward(cfg, "oppo-inter")
+    assert not layouts.streams_reward(cfg, "sync")
+    assert not layouts.streams_reward(presets.load_preset("paper-7b-h200", ["streaming.enable=false"]), "oppo")
 
 
 def test_run_all_refuses_what_a_framework_cannot_run_and_says_why():
@@ -113,7 +123,7 @@ def test_best_layout_runs_each_schedule_in_its_fastest_runnable_layout_that_fits
         assert means == sorted(means) and len(means) == len(space.runnable[s])
         chosen = sim.layouts[s]
         assert layouts.describe(chosen.split) == tried[s][0][0]
-        assert layouts.rule(s, chosen.split) is None and memory.overflow(chosen) == []
+        assert layouts.rule(s, chosen.split, layouts.streams_reward(cfg, s)) is None and memory.overflow(chosen) == []
     assert not sim.layouts["async"].split.colocate
     assert space.refused and all(memory.overflow(dataclasses.replace(cfg, split=sp)) for sp, _ in space.refused)
     refused = {layouts.describe(sp) for sp, _ in space.refused}
