@@ -29,12 +29,15 @@ COMPAT = "OPPO_COMPAT"  # "1": the sitecustomize installs the CPU compat patches
 FAULTS = "OPPO_FAULTS"  # crash injection for the reliability tests, e.g. "reward@1,driver@3"
 CACHE_DIR = "OPPO_CACHE_DIR"  # the per-user project cache (tasks' assets, compile caches)
 ASSETS_DIR = "OPPO_ASSETS_DIR"  # the tiny task's assets
+# GB of one GPU, for the launch-time memory check of colocated layouts where the launching
+# host has no GPU (integrations.launch.memory_check); unset there: the check is skipped with a note
+DEVICE_MEMORY_GB = "OPPO_DEVICE_MEMORY_GB"
 
 DEFAULT_CACHE_DIR = "~/.cache/openrlhf_oppo"
 DEFAULT_ASSETS_DIR = "~/.cache/openrlhf_oppo/tiny"
 
 ALL = (CONFIG_JSON, METRICS_JSONL, TRACE_JSONL, ROLLOUTS_JSONL, LEDGER_JSONL, STOP_FILE, TIMELINE_DIR,
-       SYNC_PROBE, SYNC_PROBE_PROMPT, COMPAT, FAULTS, CACHE_DIR, ASSETS_DIR)
+       SYNC_PROBE, SYNC_PROBE_PROMPT, COMPAT, FAULTS, CACHE_DIR, ASSETS_DIR, DEVICE_MEMORY_GB)
 
 
 def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:

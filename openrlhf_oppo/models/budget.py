@@ -21,6 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from openrlhf_oppo.footprint import kv_bytes_per_token, kv_shape  # one formula, shared with the launch check
+
+__all__ = ["KVBudget", "auto_kv_budget", "budget_from_free_bytes", "host_available_bytes", "kv_bytes_per_token",
+           "kv_shape"]
+
 CUDA_FRACTION = 0.5  # of the scorer GPU's free memory after the model is loaded
 CPU_FRACTION = 0.1  # of the host's available memory, shared by every process of the run
 
@@ -29,21 +34,6 @@ CPU_FRACTION = 0.1  # of the host's available memory, shared by every process of
 class KVBudget:
     tokens: int
     how: str  # one line: where the number came from
-
-
-def kv_shape(config) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of a decoder's (text) config."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, kv_heads, head_dim
-
-
-def kv_bytes_per_token(config, dtype_bytes: int) -> int:
-    """Bytes of K and V one token takes over all layers of a decoder with `config`."""
-    layers, kv_heads, head_dim = kv_shape(config)
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
 def budget_from_free_bytes(free_bytes: int, config, dtype_bytes: int, fraction: float, share: int = 1) -> int:

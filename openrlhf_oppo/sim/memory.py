@@ -29,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from openrlhf_oppo.footprint import (  # one formula each, shared with the launch-time memory check
+    GB,
+    LIVE_PARAMETERS,
+    RESERVE_BYTES,
+    STREAM_MAX_BATCH_TOKENS,
+    zero3_bytes,
+)
 from openrlhf_oppo.sim.presets import ModelShape, SimConfig
-
-GB = 1e9
-RESERVE_BYTES = 4 * GB
-LIVE_PARAMETERS = 1e9  # DeepSpeed's stage3_max_live_parameters default
-ADAM_BYTES_PER_PARAM = 16  # bf16 weight + bf16 grad + fp32 master, exp_avg, exp_avg_sq
-STREAM_MAX_BATCH_TOKENS = 32768  # the streaming scorer's default --oppo.streaming.max_batch_tokens
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,13 @@ def training_items(cfg: SimConfig) -> list[tuple[str, float]]:
     reward = cfg.reward or actor
     critic = cfg.critic or reward
     n = s.nodes * s.train_gpus
-    items = [("actor ZeRO-3 states", ADAM_BYTES_PER_PARAM * actor.params / n)]
+    items = [("actor ZeRO-3 states", zero3_bytes(actor.params, True, n))]
     if w.critic:
-        items.append(("critic ZeRO-3 states", ADAM_BYTES_PER_PARAM * critic.params / n))
+        items.append(("critic ZeRO-3 states", zero3_bytes(critic.params, True, n)))
     if w.reference:
-        items.append(("reference", 2 * actor.params / n))
+        items.append(("reference", zero3_bytes(actor.params, False, n)))
     if s.reward_with_train:
-        items.append(("reward model", 2 * reward.params / n))
+        items.append(("reward model", zero3_bytes(reward.params, False, n)))
     items.append(("ZeRO-3 live parameters", 2 * LIVE_PARAMETERS))
     items.append(("activations", _activations(cfg, critic if w.critic and critic.params > actor.params else actor)))
     return items

@@ -16,7 +16,7 @@ MAX_LINES = 400
 # Lowest first. A module may import its own layer and the ones below, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("openrlhf_oppo", "openrlhf_oppo.settings", "openrlhf_oppo.run_env", "openrlhf_oppo.upstream",
-     "openrlhf_oppo.timeline", "openrlhf_oppo.hooks"),
+     "openrlhf_oppo.timeline", "openrlhf_oppo.hooks", "openrlhf_oppo.footprint"),
     ("openrlhf_oppo.config",),
     ("openrlhf_oppo.core",),
     ("openrlhf_oppo.models",),

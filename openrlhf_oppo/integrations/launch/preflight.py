@@ -4,7 +4,8 @@ is loaded): bad input is an error naming the flag, file or row, never a silent d
 `check_config` (always; no I/O): the flags as OpenRLHF's parser reads them
 (`openrlhf_flags.resolve`: YAML flags, then the extra flags after `--`), batch sizes
 that OpenRLHF and DeepSpeed would take apart or assert on deep inside a Ray actor,
-and OPPO's Δ against the rollout batch.
+and OPPO's Δ against the rollout batch; for a `--train.colocate_all` OPPO run, the memory
+of each GPU (`memory_check`: reads the checkpoints' config.json, no weights).
 
 `check_inputs` (skippable with `--skip-input-checks`): the local JSON / JSONL files of
 `--data.prompt_dataset` row by row, how many prompts OpenRLHF will cut to fit its
@@ -79,6 +80,9 @@ def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool) -> di
     if cfg is not None and cfg.delta.enable and cfg.delta.max > rb:
         raise ValueError(f"--oppo.delta.max ({cfg.delta.max}) must be <= --rollout.batch_size ({rb}): "
                          "at most B prompt groups can be carried into the next step")
+    from openrlhf_oppo.integrations.launch import memory_check
+
+    memory_check.check_colocated(v, cfg)
     return v
 
 

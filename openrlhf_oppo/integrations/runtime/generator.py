@@ -41,12 +41,13 @@ from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
 from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
 from openrlhf_oppo.integrations.runtime import openrlhf_executor, timeline_hooks
+from openrlhf_oppo.integrations.runtime.deltas import SampleDelta
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.prompt_stream import GroupPrompts, PromptStream
 from openrlhf_oppo.integrations.runtime.reward_dispatch import RewardDispatcher
-from openrlhf_oppo.integrations.runtime.rollout import SampleDelta, SampleRequest
-from openrlhf_oppo.integrations.runtime.run_config import reward_mode
+from openrlhf_oppo.integrations.runtime.rollout import SampleRequest
+from openrlhf_oppo.integrations.runtime.run_config import engine_text_needed, reward_mode
 from openrlhf_oppo.integrations.runtime.seeding import request_seed, write_rollouts
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 from openrlhf_oppo.integrations.runtime.trace import RunLedger, write_trace
@@ -69,6 +70,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         # "batch" (oppo-inter): OpenRLHF's own reward forward scores the batch.
         self.streaming = self.reward_mode == "stream"
         self.record_logprobs = self.args.algo.advantage.is_correction_level != "off"  # recorded only when used
+        self.detokenize = engine_text_needed(self.args)  # vLLM's text: read by an agent only
         self.scheduler = scheduler
         self.engines = engines
         self.rewards = rewards
@@ -172,7 +174,8 @@ class OppoSamplesGenerator(SamplesGenerator):
     def _admit(self, plan: StepPlan, generate_kwargs, step: int) -> None:
         """Start the plan's new groups (and, after a checkpoint load, the held ones):
         each sample on its engine and, when streaming, opened on its reward actor."""
-        self.sampling_params = openrlhf_executor.sampling_params(generate_kwargs, self.record_logprobs)
+        self.sampling_params = openrlhf_executor.sampling_params(generate_kwargs, self.record_logprobs,
+                                                                     self.detokenize)
         self.prompts.set_limits(self.sampling_params.max_tokens, generate_kwargs.get("max_len", 2048))
         starts: list[tuple[int, SampleRequest]] = []  # (group id, request)
         opens: dict[int, list[int]] = {}  # sample id -> prompt ids
@@ -215,19 +218,37 @@ class OppoSamplesGenerator(SamplesGenerator):
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
-            chunks, aborted = [], []
-            for d in self.engines.poll(wake_tokens, also=self.rewards.in_flight()):
-                generated += len(d.token_ids)
-                chunks += self.scheduler.on_tokens(d.sample_id, d.token_ids, d.logprobs, d.policy_version)
-                if d.finish_reason == "abort":  # not an answer: decoded on from its tokens, never trained
-                    aborted.append(d)
-                elif d.finish_reason is not None:
-                    chunks += self._on_finished(d)
-            self.rewards.dispatch(chunks)
+            deltas = self.engines.poll(wake_tokens, also=self.rewards.in_flight())
+            generated += sum(len(d.token_ids) for d in deltas)
+            aborted = [d for d in deltas if d.finish_reason == "abort"]
+            self.rewards.dispatch(self._feed(deltas))
             self._restart_aborted(aborted)
             self.rewards.collect()
             batch = self.scheduler.take_batch()
         return batch, generated
+
+    def _feed(self, deltas: list[SampleDelta]) -> list:
+        """The engines' deltas to the core, in order: each run of one policy version in one
+        `on_tokens_many` call, a finished sample's `on_finished` right after its tokens; the
+        chunks that became ready. An aborted sample is not an answer: it decodes on from its
+        tokens (`_restart_aborted`) and is never trained."""
+        chunks: list = []
+        run: list[tuple] = []  # (sample id, token ids, logprobs) of one version, not yet fed
+        version = 0
+        for d in deltas:
+            if run and d.policy_version != version:
+                chunks += self.scheduler.on_tokens_many(run, version)
+                run = []
+            run.append((d.sample_id, d.token_ids, d.logprobs))
+            version = d.policy_version
+            if d.finish_reason is not None:
+                chunks += self.scheduler.on_tokens_many(run, version)
+                run = []
+                if d.finish_reason != "abort":
+                    chunks += self._on_finished(d)
+        if run:
+            chunks += self.scheduler.on_tokens_many(run, version)
+        return chunks
 
     def _on_finished(self, d: SampleDelta) -> list:
         self.meter.on_finished(d.sample_id, d.time_s)

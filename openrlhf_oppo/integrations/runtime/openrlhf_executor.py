@@ -22,7 +22,9 @@ from vllm import SamplingParams
 from openrlhf_oppo.core import TrainSample
 
 
-def sampling_params(generate_kwargs: dict[str, Any], record_logprobs: bool) -> SamplingParams:
+def sampling_params(generate_kwargs: dict[str, Any], record_logprobs: bool, detokenize: bool = True) -> SamplingParams:
+    """OpenRLHF's parameters; `detokenize` (OPPO's, not OpenRLHF's: `run_config.engine_text_needed`)
+    False spares the engines the text nobody reads."""
     return SamplingParams(
         temperature=generate_kwargs.get("temperature", 1.0),
         top_p=generate_kwargs.get("top_p", 1.0),
@@ -32,6 +34,7 @@ def sampling_params(generate_kwargs: dict[str, Any], record_logprobs: bool) -> S
         skip_special_tokens=generate_kwargs.get("skip_special_tokens", False),
         # rollout logprobs only where a correction uses them (as OpenRLHF requests them)
         logprobs=1 if record_logprobs else None,
+        detokenize=detokenize,
     )
 
 

@@ -12,8 +12,8 @@ Requests run as asyncio tasks inside the actor and outlive the call that started
 them, so a carried sample keeps decoding while the trainer trains; every delta
 (new token ids, their logprobs, the policy version that produced them, and the
 finish reason at the end) lands in an outbox that the OPPO samples generator
-drains with `next_outputs`. Chunking and routing to the scorers are decided by the
-scheduler core on the generator's side.
+drains with `next_outputs`, merged per sample and version (`deltas.merge_deltas`).
+Chunking and routing to the scorers are decided by the scheduler core on the generator's side.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import ray
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, merge_deltas
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 _BASE = unwrap_ray_actor(_vllm_engine.RolloutRayActor)
@@ -44,20 +45,6 @@ class SampleRequest:
     seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
     # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
     reward_query: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class SampleDelta:
-    sample_id: int
-    # arrays, not lists: the driver's scheduler holds millions of these ids between
-    # steps, and arrays are invisible to the cyclic GC (lists are walked on every pass)
-    token_ids: array  # array("i")
-    logprobs: array | None  # array("d")
-    policy_version: int
-    finish_reason: str | None  # "stop" | "length" | "abort" on the last delta of a sample
-    time_s: float  # when the engine produced it (time.time()): a finished sample's end
-    reward: dict | None = None  # on a finished sample's last delta with --reward.remote_url: reward, scores, extra_logs
-    error: str | None = None  # why the sample was aborted, or its reward could not be had
 
 
 class OppoRolloutActor(_BASE):
@@ -212,7 +199,7 @@ class OppoRolloutActor(_BASE):
                 self._decoded.pop(d.sample_id, None)
                 self._drained.pop(d.sample_id, None)
         self._outbox_ready.clear()
-        return out
+        return merge_deltas(out)  # one delta per sample and policy version, not one per vLLM step
 
 
 def _scalar(value) -> float:

@@ -31,3 +31,12 @@ def reward_mode(args, oppo: oppo_config.OppoConfig) -> str:
     if args.reward.remote_url:
         return "rule"
     return "stream" if oppo.streaming.enable and oppo.streaming.reward else "batch"
+
+
+def engine_text_needed(args) -> bool:
+    """Whether OPPO's engines must detokenise (vLLM `SamplingParams.detokenize`). Only OpenRLHF
+    0.11.2's multi-turn agent executor (`--train.agent_func_path`) reads vLLM's text (its
+    `action_text`); its rule / remote reward (`SingleTurnAgentExecutor.execute`) decodes the
+    token ids with the HF tokenizer, as OPPO's rule path does (`rollout._reward`), and OPPO's
+    sampling parameters carry no stop strings (they need text). So text is off but for an agent."""
+    return bool(args.train.agent_func_path)

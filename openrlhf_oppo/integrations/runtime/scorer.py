@@ -25,6 +25,7 @@ import ray
 from openrlhf.trainer.ray.launcher import BaseModelActor
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.footprint import STREAM_MAX_BATCH_TOKENS
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS, config_from_env
 from openrlhf_oppo.models.device_memory import OutOfMemoryError, release_device_memory
@@ -32,7 +33,7 @@ from openrlhf_oppo.models.device_memory import OutOfMemoryError, release_device_
 logger = get_logger(__name__)
 # most padded tokens in one batched forward (PrefillEngine's max_batch_tokens): its padded cache
 # copy and the per-sequence clones (2 x this x KV bytes per token) come out of the KV budget
-MAX_BATCH_TOKENS = 16384
+MAX_BATCH_TOKENS = STREAM_MAX_BATCH_TOKENS
 
 
 @dataclass(frozen=True)

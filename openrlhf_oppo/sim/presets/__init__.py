@@ -23,6 +23,7 @@ from typing import Any
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import settings
 from openrlhf_oppo.config import OppoConfig
+from openrlhf_oppo.footprint import decoder_params
 from openrlhf_oppo.settings import setting as _f
 
 # A package on the file system (a checkout, or an installed wheel) gives a real directory.
@@ -69,11 +70,8 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        head_dim = self.hidden // self.heads
-        attn = self.hidden * self.hidden * 2 + 2 * self.hidden * self.kv_heads * head_dim  # q, o, k, v
-        mlp = 3 * self.hidden * self.intermediate  # gate, up, down
-        embed = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * (attn + mlp) + embed
+        return decoder_params(self.layers, self.hidden, self.heads, self.kv_heads, self.intermediate, self.vocab,
+                              lm_head=not self.tied_embeddings)
 
     @property
     def weight_bytes(self) -> int:

@@ -235,3 +235,9 @@ def test_async_admission_starts_the_next_steps_groups_before_the_update(fakes, t
     again = run_step(resumed)
     assert again.admitted == 1 and again.order == step.order  # the resumed step 1 admitted nothing again
     assert resumed.scheduler.admitted_groups_total == gen.scheduler.admitted_groups_total == 6
+
+
+def test_the_engines_are_asked_for_no_text_nobody_reads(fakes):
+    gen = make_generator(fakes)
+    run_step(gen)
+    assert gen.sampling_params.detokenize is False

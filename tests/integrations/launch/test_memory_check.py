@@ -1,0 +1,96 @@
+"""The colocated-layout memory check (issue 26, item 4): 7B-like checkpoints (a config.json, no
+weights) on a fake 80 GB GPU, through `preflight.check_config` as both entry points run it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from openrlhf_oppo import footprint, run_env
+from openrlhf_oppo.integrations.launch import memory_check, preflight, yaml_config
+
+CONFIG = Path(__file__).resolve().parents[3] / "configs" / "tiny-cpu.yaml"
+QWEN_7B = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
+           "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
+
+
+def make_layout(tmp_path: Path, gpus: int = 8) -> dict:
+    """The tiny task's flags with 7B actor and reward checkpoints, every group and vLLM (4 x TP 2)
+    on the same `gpus` GPUs, and batch sizes that DeepSpeed takes at that data-parallel size."""
+    for name in ("actor", "reward"):
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "config.json").write_text(json.dumps(QWEN_7B))
+    flags = dict(yaml_config.load(CONFIG).flags)
+    flags.update({"actor.model_name_or_path": str(tmp_path / "actor"),
+                  "reward.model_name_or_path": str(tmp_path / "reward"),
+                  "train.colocate_all": True, "vllm.num_engines": gpus // 2, "vllm.tensor_parallel_size": 2,
+                  "rollout.batch_size": 16, "train.batch_size": 32})
+    for group in ("actor", "critic", "ref", "reward"):
+        flags[f"{group}.num_gpus_per_node"] = gpus
+    return flags
+
+
+def check(flags: dict, util: float, budget: int) -> None:
+    preflight.check_config({**flags, "vllm.gpu_memory_utilization": util},
+                           ["--oppo.streaming.kv_budget_tokens", str(budget)], oppo=True)
+
+
+@pytest.fixture
+def gpu_80gb(monkeypatch):
+    monkeypatch.setenv(run_env.DEVICE_MEMORY_GB, "80")
+
+
+def test_qwen_7b_params_from_its_config_match_the_published_count():
+    from transformers import AutoConfig
+
+    # Qwen2.5-7B: 7.61 B parameters (biases and norms, left out here, are under 0.1 %)
+    assert footprint.params_of_config(AutoConfig.for_model(**QWEN_7B)) / 1e9 == pytest.approx(7.61, abs=0.01)
+
+
+def test_a_colocated_7b_layout_at_vllms_default_share_is_refused_naming_the_flags_and_what_fits(tmp_path, gpu_80gb):
+    with pytest.raises(ValueError) as err:
+        check(make_layout(tmp_path), util=0.95, budget=65536)
+    message = str(err.value)
+    for flag in ("--train.colocate_all", "--vllm.gpu_memory_utilization", "--oppo.streaming.kv_budget_tokens"):
+        assert flag in message
+    # hand-computed, per GPU: actor 16 B x 7.62e9 / 8 = 15.2 GB, critic and reward 7.07e9 params (no LM head),
+    # reference 1.9, streamed reward 14.1 + 65,536 x 57,344 B = 3.8 + forward 1.9, live 2, reserve 4: 57.0 GB
+    assert "--vllm.gpu_memory_utilization 0.28 or lower" in message
+    assert "80.0 GB, OPPO_DEVICE_MEMORY_GB" in message
+
+
+def test_the_same_layout_fits_with_the_share_the_message_offered(tmp_path, gpu_80gb, capsys):
+    check(make_layout(tmp_path), util=0.28, budget=65536)
+    assert "of 80.0 GB per GPU" in capsys.readouterr().out
+
+
+def test_a_budget_too_large_for_what_vllm_leaves_is_refused_with_the_budget_that_fits(tmp_path, gpu_80gb):
+    with pytest.raises(ValueError, match=r"--oppo.streaming.kv_budget_tokens [\d,]+ or lower"):
+        check(make_layout(tmp_path), util=0.28, budget=200_000)
+
+
+def test_a_colocated_streaming_reward_needs_an_explicit_kv_budget(tmp_path, gpu_80gb):
+    with pytest.raises(ValueError, match=r"needs an explicit --oppo.streaming.kv_budget_tokens"):
+        check(make_layout(tmp_path), util=0.28, budget=0)
+
+
+def test_on_cpu_there_is_no_device_memory_and_nothing_is_refused(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.delenv(run_env.DEVICE_MEMORY_GB, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check(make_layout(tmp_path), util=0.95, budget=0)
+    assert "no device memory to check" in capsys.readouterr().out
+
+
+def test_layouts_that_are_not_colocated_are_not_checked(tmp_path, gpu_80gb, capsys):
+    check({**make_layout(tmp_path), "train.colocate_all": False}, util=0.95, budget=0)
+    assert memory_check.NOTE not in capsys.readouterr().out
+
+
+def test_a_device_memory_that_is_not_a_number_names_the_variable():
+    with pytest.raises(ValueError, match=run_env.DEVICE_MEMORY_GB):
+        memory_check.device_memory({run_env.DEVICE_MEMORY_GB: "80GB"})
