@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
         report.print_tables(sim)
         report.print_layouts(sim, tried)
         _print_staleness(sim)
-        if report.calibrates(sim) and not tried:
+        if report.calibrates(sim):
             report.print_calibration(sim)
         print(f"simulated in {time.perf_counter() - t0:.1f} s")
         if not no_plot:
@@ -124,8 +124,8 @@ def _print_staleness(sim: report.Simulated) -> None:
 def _print_refused_layouts(space: layouts.Searched) -> None:
     print(f"layouts searched: {sum(len(v) for v in space.runnable.values())} (schedule, layout) pairs; "
           f"{len(space.refused)} layouts do not fit" + (":" if space.refused else ""))
-    for split, why in space.refused:
-        print(f"  {layouts.describe(split):<44} " + "; ".join(why))
+    for split, who, why in space.refused:
+        print(f"  {layouts.describe(split):<48} for {who}: " + "; ".join(why))
     print()
 
 

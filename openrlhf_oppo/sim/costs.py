@@ -55,6 +55,9 @@ class CostModel:
     reward_forward_per_token_s: float = 0.0  # the reward model's forward on the training pool (split.reward_with_train)
     sleep_transfer_s: float = 0.0  # the hybrid engine (split.sleep): one switch of the devices, vLLM <-> training
     stream_call_s: float = 0.0  # a streamed forward call on the training devices, per model: its ZeRO-3 gather
+    actor_group_scale: float = 1.0  # split.critic_gpus: pooled devices / the actor's (its forwards and update)
+    critic_group_scale: float = 0.0  # pooled devices / the critic's (0: the critic shares the actor's devices)
+    critic_train_share: float = 0.0  # the critic's share of the pooled update's flops
     fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
     experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
 
@@ -169,7 +172,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
     critic = cfg.critic or reward
     tp, stp = s.tensor_parallel, s.score_tensor_parallel
     bw = hw.hbm_bytes_per_s * e.decode_bandwidth
-    train_flops = s.nodes * s.train_gpus * hw.peak_bf16_flops
+    train_flops = s.nodes * (s.train_gpus + s.critic_gpus) * hw.peak_bf16_flops  # pooled; split by `_groups`
     link = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s
     gather = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node  # per device
     return CostModel(
@@ -189,8 +192,19 @@ def _roofline(cfg: SimConfig) -> CostModel:
         train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
         weight_sync_s=e.weight_sync_base_s + actor.weight_bytes / (link * e.link_efficiency),
         seqs_per_engine=_seqs_per_engine(cfg, actor, tp),
+        **_groups(cfg, actor.params, critic.params),
         **_layout(cfg),
     )
+
+
+def _groups(cfg: SimConfig, actor_params: int, critic_params: int) -> dict:
+    """With the critic on devices of its own: each group's share of the pooled devices."""
+    s = cfg.split
+    if not s.critic_gpus:
+        return {}
+    pool = s.train_gpus + s.critic_gpus
+    return dict(actor_group_scale=pool / s.train_gpus, critic_group_scale=pool / s.critic_gpus,
+                critic_train_share=critic_params / (actor_params + critic_params))
 
 
 def _seqs_per_engine(cfg: SimConfig, actor: ModelShape, tp: int) -> int:

@@ -274,7 +274,8 @@ class Scorer:
             tokens += queue[take][2] - queue[take][1]
             take += 1
         items, self.queues[q] = queue[:take], queue[take:]
-        dt = self.costs.prefill_s([(it[4] + it[1], it[2] - it[1]) for it in items])
+        # (cached prefix, new tokens): a sample's first chunk prefills its prompt too
+        dt = self.costs.prefill_s([(it[4] + it[1], it[2] - it[1]) if it[1] else (0, it[4] + it[2]) for it in items])
         if self.costs.scorer_on_engines:
             self.rollout.pause(now_s, [q % len(self.rollout.engines)])
         self.active[q] = True

@@ -8,10 +8,12 @@ The rules, from OpenRLHF 0.11.2's `cli/train_ppo_ray.py` and OPPO's integration:
                 gets its own devices).
     sleep       the hybrid engine: sync only ("Async RLHF is not supported with --vllm.enable_sleep";
                 OPPO refuses it, its engines decode while the trainer trains).
-    split       vLLM on its own devices, the DeepSpeed models on theirs; the reward model on its own
-                devices, or among the DeepSpeed models (`split.reward_with_train`; not for an OPPO
-                schedule that streams rewards: its streaming reward actors beside the DeepSpeed
-                models are not modelled).
+    split       vLLM on its own devices. The critic beside the actor and the reward model among
+                the DeepSpeed models (`split.reward_with_train`) only under `--train.colocate_all`
+                with `--train.async_enable`; otherwise the critic has devices of its own
+                (`split.critic_gpus`, with the reward model under `--train.colocate_critic_reward`)
+                and the reward model its own or the critic's. OPPO's streaming reward actors hold
+                the whole model on devices of their own (beside the critic: not modelled).
 
 The paper's layout (colocated, the reward model on its own devices) is not one OpenRLHF's flags
 can place; a preset that names it is simulated as named, and `--best-layout` never picks it.
@@ -33,10 +35,12 @@ from openrlhf_oppo.sim.presets import SimConfig, Split
 ASYNC_BASELINES = ("async", "partial", "oversample")
 
 
-def rule(schedule: str, split: Split, streams_reward: bool = False) -> str | None:
+def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool = True) -> str | None:
     """Why `schedule`'s framework cannot run `split`; None when it can. `streams_reward`: OPPO
-    streams chunks into the reward model (its reward group is made of streaming reward actors)."""
-    if split.colocate and schedule in ASYNC_BASELINES:
+    streams chunks into the reward model (its reward group is made of streaming reward actors);
+    `critic`: the run has a critic."""
+    async_mode = schedule in ASYNC_BASELINES
+    if split.colocate and async_mode:
         return ("OpenRLHF's async modes keep vLLM on its own devices (--train.colocate_all with "
                 "--train.async_enable colocates only the DeepSpeed models)")
     if split.sleep and schedule != "sync":
@@ -46,6 +50,11 @@ def rule(schedule: str, split: Split, streams_reward: bool = False) -> str | Non
                 "modelled: give them devices of their own or the engines'")
     if not streams_reward and split.colocate and not split.score_gpus and not split.reward_with_train:
         return "--train.colocate_all puts OpenRLHF's reward model among the DeepSpeed models (split.reward_with_train)"
+    pooled = not split.colocate and not split.critic_gpus  # the DeepSpeed models share devices apart from vLLM
+    if pooled and (critic or split.reward_with_train) and not (async_mode and split.reward_with_train):
+        return ("apart from vLLM, OpenRLHF puts the critic and reward model beside the actor only under "
+                "--train.colocate_all with --train.async_enable (split.reward_with_train); otherwise they need "
+                "devices of their own (split.critic_gpus, split.score_gpus)")
     return None
 
 
@@ -59,11 +68,13 @@ def streams_reward(cfg: SimConfig, schedule: str) -> bool:
 def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     """`cfg` with vLLM's memory share fitted (`memory.fit_engines`), and why `schedule` cannot run
     it (empty: it can)."""
-    reason = rule(schedule, cfg.split, streams_reward(cfg, schedule))
+    streams = streams_reward(cfg, schedule)
+    # a measured preset is one shared host (cpu-longtail): where the critic sits changes no device
+    reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None)
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
         cfg = memory.fit_engines(cfg)
-        reasons += memory.overflow(cfg)
+        reasons += memory.overflow(cfg, streams)
     return cfg, reasons
 
 
@@ -73,8 +84,11 @@ def describe(split: Split) -> str:
         rm = f" + {split.score_gpus} reward" if split.score_gpus else ("" if split.reward_with_train else ", scorers")
         how = ", sleep" if split.sleep else ""
         return f"colocated {split.generate_gpus}{rm} (TP {split.tensor_parallel}{how})"
-    rm = f"{split.score_gpus} reward" if split.score_gpus else "reward with train"
-    return f"{split.generate_gpus} vLLM / {split.train_gpus} train / {rm} (TP {split.tensor_parallel})"
+    train = (f"{split.train_gpus} actor / {split.critic_gpus} critic" if split.critic_gpus
+             else f"{split.train_gpus} train")
+    rm = f"{split.score_gpus} reward" if split.score_gpus else "reward with " + ("critic" if split.critic_gpus
+                                                                               else "train")
+    return f"{split.generate_gpus} vLLM / {train} / {rm} (TP {split.tensor_parallel})"
 
 
 def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
@@ -86,48 +100,55 @@ def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
 
 
 def candidates(cfg: SimConfig) -> list[Split]:
-    """OpenRLHF-placeable splits of `cfg`'s nodes (one pattern a node): colocated with and without
-    sleep, and every split of a node's devices into vLLM (a multiple of TP), training and reward
-    (none, one or two reward servers)."""
+    """Splits of `cfg`'s nodes (one pattern a node): colocated with and without sleep, and every
+    split of a node's devices into vLLM (a multiple of TP), reward (none, one or two devices; a
+    streaming reward actor holds the whole model) and DeepSpeed devices, the critic's apart (about
+    half of them) or not. `rule` and the memory check then say who can run each."""
     s, g = cfg.split, cfg.split.gpus_per_node
-    reward = cfg.reward or cfg.actor
-    stp = _tp_choices(cfg, reward.weight_bytes)[0]
     out = []
     for tp in _tp_choices(cfg, cfg.actor.weight_bytes):
-        base = dataclasses.replace(s, tensor_parallel=tp, score_tensor_parallel=stp, reward_with_train=False)
+        base = dataclasses.replace(s, tensor_parallel=tp, score_tensor_parallel=1, reward_with_train=False,
+                                   critic_gpus=0)
         if g % tp == 0:  # OpenRLHF's reward model among the DeepSpeed models, or OPPO's scorers beside the engines
-            coloc = dataclasses.replace(base, colocate=True, generate_gpus=g, train_gpus=g, score_gpus=0,
-                                        score_tensor_parallel=tp)
+            coloc = dataclasses.replace(base, colocate=True, generate_gpus=g, train_gpus=g, score_gpus=0)
             out += [dataclasses.replace(coloc, sleep=sleep, reward_with_train=True) for sleep in (False, True)]
             out.append(coloc)
         for gen in range(tp, g, tp):
-            for score in (0, stp, 2 * stp):
-                train = g - gen - score
-                if train >= 1:
-                    out.append(dataclasses.replace(base, colocate=False, sleep=False, generate_gpus=gen,
-                                                   train_gpus=train, score_gpus=score, reward_with_train=score == 0))
+            for score in (0, 1, 2):
+                rest = g - gen - score
+                critics = sorted({0, *(c for c in (rest // 2, rest - rest // 2) if 1 <= c < rest)}
+                                 if cfg.workload.critic else {0})
+                for critic in critics:
+                    if rest - critic >= 1:
+                        out.append(dataclasses.replace(base, colocate=False, sleep=False, generate_gpus=gen,
+                                                       train_gpus=rest - critic, critic_gpus=critic,
+                                                       score_gpus=score, reward_with_train=score == 0))
     return out
 
 
 @dataclass
 class Searched:
-    """Every candidate layout of a cluster, per schedule: runnable (cfg) or not (reasons)."""
+    """Every candidate layout of a cluster, per schedule: runnable (fitted cfg), and the layouts that
+    do not fit with what overflows."""
 
     runnable: dict[str, list[SimConfig]]
-    refused: list[tuple[Split, list[str]]]  # layouts no schedule can run (memory), with what overflows
+    refused: list[tuple[Split, str, list[str]]]  # (layout, for whom, what overflows)
 
 
 def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
     runnable: dict[str, list[SimConfig]] = {s: [] for s in schedules}
     refused = []
+    streams = {s: streams_reward(cfg, s) for s in schedules}
     for split in candidates(cfg):
-        trial = dataclasses.replace(cfg, split=split)
-        fitted, overflow = check(trial, "sync")
-        overflow = [r for r in overflow if r != rule("sync", split)]
-        if overflow:
-            refused.append((split, overflow))
-            continue
-        for s in schedules:
-            if rule(s, split, streams_reward(cfg, s)) is None:
-                runnable[s].append(fitted)
+        trial = memory.fit_engines(dataclasses.replace(cfg, split=split))
+        allowed = [s for s in schedules if rule(s, split, streams[s], cfg.workload.critic) is None]
+        for kind in sorted({streams[s] for s in allowed}):
+            over = memory.overflow(trial, kind)
+            who = [s for s in allowed if streams[s] == kind]
+            if over:
+                refused.append((split, "OPPO with streaming reward actors" if kind else "OpenRLHF's reward model",
+                                over))
+            else:
+                for s in who:
+                    runnable[s].append(trial)
     return Searched(runnable, refused)

@@ -12,9 +12,11 @@ Per device (bytes), by the role's devices::
                        working set, without it every layer's), fp32 logits and their gradient
     engine devices     vLLM claims `workload.kv_cache_fraction` of the device (its
                        gpu_memory_utilization): the actor's weights over tensor_parallel, the rest KV
-    reward devices     the reward model's bf16 weights over score_tensor_parallel and the streaming
-                       scorer's forward working set (2 x max_batch_tokens of KV: the padded cache copy
-                       and the new KV)
+    critic devices     with `split.critic_gpus` (OpenRLHF without --train.colocate_all): the critic's
+                       ZeRO-3 states (and the reward model with `split.reward_with_train`)
+    reward devices     OPPO's streaming reward actor: the whole model (it has no tensor parallelism)
+                       and its forward's working set (2 x max_batch_tokens of KV: the padded cache
+                       copy and the new KV); OpenRLHF's reward model: a ZeRO-3 shard
     every device       RESERVE_BYTES: CUDA context, NCCL buffers, allocator fragmentation
 
 Colocated devices hold the engines' and the training devices' items at once (vLLM stays awake),
@@ -71,20 +73,27 @@ def _activations(cfg: SimConfig, m: ModelShape) -> float:
     return kept + 8 * tokens * m.vocab
 
 
-def training_items(cfg: SimConfig) -> list[tuple[str, float]]:
+def training_items(cfg: SimConfig, group: str = "actor") -> list[tuple[str, float]]:
+    """Per device of the training devices (`group` "actor": `split.train_gpus`, every DeepSpeed
+    model unless the critic has devices of its own; "critic": `split.critic_gpus`, the critic and,
+    with `split.reward_with_train`, the reward model)."""
     s, w, actor = cfg.split, cfg.workload, cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
-    n = s.nodes * s.train_gpus
-    items = [("actor ZeRO-3 states", zero3_bytes(actor.params, True, n))]
-    if w.critic:
+    apart = s.critic_gpus > 0
+    n = s.nodes * (s.critic_gpus if group == "critic" else s.train_gpus)
+    items = []
+    if group == "actor":
+        items.append(("actor ZeRO-3 states", zero3_bytes(actor.params, True, n)))
+        if w.reference:
+            items.append(("reference", zero3_bytes(actor.params, False, n)))
+    if w.critic and (group == "critic") == apart:
         items.append(("critic ZeRO-3 states", zero3_bytes(critic.params, True, n)))
-    if w.reference:
-        items.append(("reference", zero3_bytes(actor.params, False, n)))
-    if s.reward_with_train:
+    if s.reward_with_train and (group == "critic") == apart:
         items.append(("reward model", zero3_bytes(reward.params, False, n)))
     items.append(("ZeRO-3 live parameters", 2 * LIVE_PARAMETERS))
-    items.append(("activations", _activations(cfg, critic if w.critic and critic.params > actor.params else actor)))
+    big = critic if w.critic and (group == "critic" or (not apart and critic.params > actor.params)) else actor
+    items.append(("activations", _activations(cfg, big)))
     return items
 
 
@@ -95,43 +104,54 @@ def engine_items(cfg: SimConfig) -> list[tuple[str, float]]:
     return [("vLLM weights", weights), ("vLLM KV cache", max(0.0, claim - weights))]
 
 
-def scorer_items(cfg: SimConfig) -> list[tuple[str, float]]:
+def scorer_items(cfg: SimConfig, streams: bool) -> list[tuple[str, float]]:
+    """A reward device: OPPO's streaming reward actor holds the whole model (no tensor
+    parallelism) and its forward's KV copies; OpenRLHF's reward model is a ZeRO-3 shard over the
+    reward devices."""
     s = cfg.split
     reward = cfg.reward or cfg.actor
-    working = 2 * STREAM_MAX_BATCH_TOKENS * reward.kv_bytes_per_token / s.score_tensor_parallel
-    return [("reward weights", reward.weight_bytes / s.score_tensor_parallel), ("reward forward", working)]
+    if streams:
+        working = 2 * STREAM_MAX_BATCH_TOKENS * reward.kv_bytes_per_token
+        return [("streaming reward actor", reward.weight_bytes), ("its forward", working)]
+    return [("reward model", zero3_bytes(reward.params, False, s.nodes * max(1, s.score_gpus)))]
 
 
 def _scorers_on_engines(s) -> bool:
     return s.score_gpus == 0 and not s.reward_with_train
 
 
-def plan(cfg: SimConfig) -> list[DeviceUse]:
-    """What each kind of device holds (requires `hardware` and `actor`)."""
+def _load(items: list[tuple[str, float]]) -> float:
+    return sum(b for _, b in items)
+
+
+def plan(cfg: SimConfig, streams: bool = False) -> list[DeviceUse]:
+    """What each kind of device holds (requires `hardware` and `actor`); `streams`: the schedule
+    streams into OPPO's reward actors."""
     s, cap = cfg.split, cfg.hardware.hbm_bytes
     reserve = [("reserve", RESERVE_BYTES)]
     train, engines = training_items(cfg), engine_items(cfg)
+    on_engines = scorer_items(cfg, True) if _scorers_on_engines(s) else []
     out = []
     if s.colocate:
-        scorer = scorer_items(cfg) if _scorers_on_engines(s) else []
         if s.sleep:  # one side at a time: the larger must fit
-            side = max((train, engines + scorer), key=lambda x: sum(b for _, b in x))
+            side = max((train, engines + on_engines), key=_load)
             out.append(DeviceUse("colocated", tuple(side + reserve), cap))
         else:
-            out.append(DeviceUse("colocated", tuple(engines + scorer + train + reserve), cap))
+            out.append(DeviceUse("colocated", tuple(engines + on_engines + train + reserve), cap))
     else:
         out.append(DeviceUse("training", tuple(train + reserve), cap))
-        out.append(DeviceUse("engine", tuple(engines + (scorer_items(cfg) if _scorers_on_engines(s) else [])
-                                             + reserve), cap))
+        if s.critic_gpus:
+            out.append(DeviceUse("critic", tuple(training_items(cfg, "critic") + reserve), cap))
+        out.append(DeviceUse("engine", tuple(engines + on_engines + reserve), cap))
     if s.score_gpus:
-        out.append(DeviceUse("reward", tuple(scorer_items(cfg) + reserve), cap))
+        out.append(DeviceUse("reward", tuple(scorer_items(cfg, streams) + reserve), cap))
     return out
 
 
-def overflow(cfg: SimConfig) -> list[str]:
+def overflow(cfg: SimConfig, streams: bool = False) -> list[str]:
     """The devices that do not fit, each described; empty when the layout fits. Also an engine whose
     KV cache cannot hold one full-length sequence (vLLM refuses to start)."""
-    msgs = [f"{u.describe()}: over by {(u.total - u.capacity) / GB:.1f} GB" for u in plan(cfg) if not u.fits]
+    msgs = [f"{u.describe()}: over by {(u.total - u.capacity) / GB:.1f} GB" for u in plan(cfg, streams) if not u.fits]
     kv = dict(engine_items(cfg))["vLLM KV cache"]
     ln = cfg.lengths
     need = cfg.actor.kv_bytes_per_token / cfg.split.tensor_parallel * (ln.prompt_tokens + ln.cap_tokens)
@@ -143,23 +163,25 @@ def overflow(cfg: SimConfig) -> list[str]:
 
 def fit_engines(cfg: SimConfig) -> SimConfig:
     """A colocated layout with vLLM awake: vLLM's share (`workload.kv_cache_fraction`) lowered to
-    what the training side, the scorer and the reserve leave, never raised; other layouts as given."""
+    what the training side, the streaming reward actors beside the engines and the reserve leave,
+    never raised; other layouts as given."""
     s = cfg.split
     if not s.colocate or s.sleep:
         return cfg
     cap = cfg.hardware.hbm_bytes
-    others = sum(b for _, b in training_items(cfg)) + RESERVE_BYTES
+    others = _load(training_items(cfg)) + RESERVE_BYTES
     if _scorers_on_engines(s):
-        others += sum(b for _, b in scorer_items(cfg))
+        others += _load(scorer_items(cfg, True))
     share = min(cfg.workload.kv_cache_fraction, max(0.0, (cap - others) / cap))
     return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, kv_cache_fraction=share))
 
 
 def sleep_transfer_s(cfg: SimConfig) -> float:
     """One direction of the hybrid engine's per-step moves, per device (all devices in parallel):
-    vLLM's weights and the DeepSpeed states over PCIe; 0 without `split.sleep`."""
+    vLLM's weights and the actor's and critic's ZeRO-3 states over PCIe (OpenRLHF offloads those
+    two; the reference and reward model stay); 0 without `split.sleep`."""
     if not cfg.split.sleep:
         return 0.0
     moved = cfg.actor.weight_bytes / cfg.split.tensor_parallel
-    moved += sum(b for what, b in training_items(cfg) if what not in ("activations", "ZeRO-3 live parameters"))
+    moved += sum(b for what, b in training_items(cfg) if what.endswith("ZeRO-3 states"))
     return moved / cfg.hardware.pcie_bytes_per_s

@@ -21,6 +21,11 @@ from collections.abc import Callable
 TRAIN_STREAMED = ("reference", "critic")  # the scorer names the training devices stream
 
 
+def _new_tokens(item: tuple) -> int:
+    """Tokens a chunk forwards: its own, and the prompt with a sample's first chunk."""
+    return item[2] - item[1] + (item[4] if item[1] == 0 else 0)
+
+
 class TrainStreamer:
     """The training devices as a scorer of `names` (a subset of TRAIN_STREAMED)."""
 
@@ -58,7 +63,7 @@ class TrainStreamer:
         if self.active or not self.queue or now_s < self.free_at_s:
             return
         items, self.queue = self.queue, []
-        dt = self.call_s + self.per_token_s * sum(it[2] - it[1] for it in items)
+        dt = self.call_s + self.per_token_s * sum(_new_tokens(it) for it in items)
         if self.world.cfg.split.colocate:
             self.world.rollout.pause(now_s)
         self.active = True
@@ -69,7 +74,7 @@ class TrainStreamer:
         now_s = self.world.loop.now_s
         self.active = False
         self.world.train_busy.append((t0_s, now_s))
-        self.world.recorder.span("actor", 0, "stream_forward", t0_s, now_s, tokens=sum(it[2] - it[1] for it in items))
+        self.world.recorder.span("actor", 0, "stream_forward", t0_s, now_s, tokens=sum(_new_tokens(it) for it in items))
         if self.world.cfg.split.colocate:
             self.world.rollout.resume(now_s)
         if "critic" in self.names:

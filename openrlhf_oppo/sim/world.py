@@ -126,31 +126,56 @@ class World:
         streamer = self.streamer
         if streamer is not None:  # a streamed forward in progress holds the devices
             t = max(t, streamer.busy_until_s)
+        busy_from = t
         if c.sleep_transfer_s:  # the hybrid engine: vLLM sleeps, the DeepSpeed models come back
             self.recorder.span("driver", 0, "offload", t, t + c.sleep_transfer_s)
             t += c.sleep_transfer_s
         on_train = self.cfg.split.reward_with_train and score_in_experience
         left = {stage: c.make_experience_s(n, w.reference, w.critic, reward=on_train)[stage]
                 for stage, n in (streamed or {}).items()}
-        for stage, dt in {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}.items():
-            role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic", "rewards": "reward"}[stage]
-            self.recorder.span(role, TRAIN_WORKER, stage, t, t + dt * slow)
-            t += dt * slow
+        stages = {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}
+        t = self._forwards(t, {k: dt * slow for k, dt in stages.items()})
         if score_in_experience and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
-        train_s = c.train_s(tokens) * slow + c.phase_overhead_s
-        actor_share = 1.0 / (2.0 if w.critic else 1.0)  # the actor and critic fits draw as two spans
-        self.recorder.span("actor", TRAIN_WORKER, "train", t, t + train_s * actor_share)
-        if w.critic:
-            self.recorder.span("critic", TRAIN_WORKER, "train", t + train_s * actor_share, t + train_s)
-        self.recorder.span("driver", 0, "train", t, t + train_s)
-        end = t + train_s
-        self.train_busy.append((now_s, end))
+        end = self._train(t, c.train_s(tokens) * slow)
+        self.train_busy.append((busy_from, end))
         self.loop.at(end, self._release_engines, end)
         if streamer is not None:  # the devices train, then send the weights
             streamer.hold(end + self.sync_s())
+        return end
+
+    def _forwards(self, t: float, stages: dict[str, float]) -> float:
+        """make_experience's forwards from `t` (stage -> seconds on the pooled training devices);
+        their end. With the critic on devices of its own (`split.critic_gpus`) its group runs
+        beside the actor's, each at its share of the devices."""
+        c = self.costs
+        groups = ((("old_logprobs", "ref_logprobs", "values", "rewards"), 1.0),) if not c.critic_group_scale else \
+            ((("old_logprobs", "ref_logprobs"), c.actor_group_scale), (("values", "rewards"), c.critic_group_scale))
+        end = t
+        for names, scale in groups:
+            tg = t
+            for stage in (n for n in names if n in stages):
+                role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic", "rewards": "reward"}[stage]
+                self.recorder.span(role, TRAIN_WORKER, stage, tg, tg + stages[stage] * scale)
+                tg += stages[stage] * scale
+            end = max(end, tg)
+        return end
+
+    def _train(self, t: float, train_s: float) -> float:
+        """The actor's and critic's updates from `t` (`train_s` on the pooled devices); their end:
+        one after the other on shared devices, side by side on their own."""
+        c, critic = self.costs, self.cfg.workload.critic
+        share = c.critic_train_share if c.critic_group_scale else 0.5 if critic else 0.0
+        actor_s = train_s * (1 - share) * (c.actor_group_scale if c.critic_group_scale else 1.0)
+        critic_s = train_s * share * (c.critic_group_scale or 1.0)
+        critic_t0 = t if c.critic_group_scale else t + actor_s
+        self.recorder.span("actor", TRAIN_WORKER, "train", t, t + actor_s)
+        if critic:
+            self.recorder.span("critic", TRAIN_WORKER, "train", critic_t0, critic_t0 + critic_s)
+        end = max(t + actor_s, critic_t0 + critic_s) + c.phase_overhead_s
+        self.recorder.span("driver", 0, "train", t, end)
         return end
 
     def score_whole(self, now_s: float, lengths: list[int], sample_ids: list[int]) -> float:

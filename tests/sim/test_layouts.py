@@ -47,18 +47,27 @@ def test_colocated_awake_overflows_at_vllms_default_share_and_fit_gives_it_the_r
 
 def test_a_72b_actor_and_critic_do_not_fit_one_node_of_training_devices():
     cfg = presets.load_preset("paper-7b-h200", ["actor=qwen2.5-72b", "critic=qwen2.5-72b", "split.colocate=false",
-                                                "split.generate_gpus=4", "split.train_gpus=3",
+                                                "split.generate_gpus=4", "split.train_gpus=2", "split.critic_gpus=1",
                                                 "split.tensor_parallel=4"])
     over = memory.overflow(cfg)
     assert any(m.startswith("training devices:") and "actor ZeRO-3 states" in m for m in over)
+    assert any(m.startswith("critic devices:") and "critic ZeRO-3 states" in m for m in over)
     _, reasons = layouts.check(cfg, "sync")
     assert reasons == over
+
+
+def test_a_streaming_reward_actor_holds_the_whole_model_but_openrlhfs_reward_model_a_shard():
+    cfg = presets.load_preset("paper-7b-h200", ["reward=qwen2.5-72b", "split.score_tensor_parallel=2",
+                                                "split.score_gpus=2", "split.generate_gpus=6", "split.train_gpus=6"])
+    _, oppo = layouts.check(cfg, "oppo")  # 145 GB of weights on one 141 GB device, whatever the TP
+    assert any(m.startswith("reward devices:") and "streaming reward actor 145.4" in m for m in oppo)
+    assert not any(m.startswith("reward devices:") for m in memory.overflow(cfg, streams=False))
 
 
 def test_sleep_moves_vllm_weights_and_deepspeed_states_each_way():
     cfg = presets.load_preset("paper-7b-h200", ["split.score_gpus=0", "split.generate_gpus=8", "split.train_gpus=8",
                                                 "split.reward_with_train=true", *SHORT])
-    states = sum(b for what, b in memory.training_items(cfg) if what not in ("activations", "ZeRO-3 live parameters"))
+    states = sum(b for what, b in memory.training_items(cfg) if what in ("actor ZeRO-3 states", "critic ZeRO-3 states"))
     asleep = _split(cfg, sleep=True)
     pcie = cfg.hardware.pcie_bytes_per_s
     assert memory.sleep_transfer_s(asleep) == pytest.approx((cfg.actor.weight_bytes + states) / pcie)
@@ -88,7 +97,11 @@ def test_reward_with_train_is_a_make_experience_stage_not_a_reward_server_call()
     ("oversample", {"colocate": True}, "own devices"),
     ("oppo", {"colocate": True, "sleep": True}, "sleep mode"),
     ("oppo-async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "streaming reward actors"),
-    ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),  # streams nothing
+    ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True, "critic_gpus": 1}, None),
+    ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "devices of their own"),
+    ("sync", {"colocate": False, "score_gpus": 1}, "devices of their own"),  # the critic beside the actor
+    ("partial", {"colocate": False, "score_gpus": 1}, "devices of their own"),
+    ("oppo", {"colocate": False, "score_gpus": 1, "critic_gpus": 2}, None),
     ("sync", {"colocate": True, "score_gpus": 0}, "colocate_all"),
     ("oppo-inter", {"colocate": True, "score_gpus": 0}, "colocate_all"),
     ("sync", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
@@ -123,11 +136,13 @@ def test_best_layout_runs_each_schedule_in_its_fastest_runnable_layout_that_fits
         assert means == sorted(means) and len(means) == len(space.runnable[s])
         chosen = sim.layouts[s]
         assert layouts.describe(chosen.split) == tried[s][0][0]
-        assert layouts.rule(s, chosen.split, layouts.streams_reward(cfg, s)) is None and memory.overflow(chosen) == []
+        streams = layouts.streams_reward(cfg, s)
+        assert layouts.rule(s, chosen.split, streams) is None and memory.overflow(chosen, streams) == []
     assert not sim.layouts["async"].split.colocate
-    assert space.refused and all(memory.overflow(dataclasses.replace(cfg, split=sp)) for sp, _ in space.refused)
-    refused = {layouts.describe(sp) for sp, _ in space.refused}
-    assert not any(layouts.describe(c.split) in refused for c in space.runnable["sync"])
+    assert space.refused
+    for split, who, why in space.refused:  # each refusal is the memory check's, for whom it says
+        fitted = memory.fit_engines(dataclasses.replace(cfg, split=split))
+        assert why and memory.overflow(fitted, who.startswith("OPPO")) == why
 
 
 def test_cli_best_layout_prints_layouts_and_refuses_a_measured_preset(capsys, tmp_path):
@@ -137,3 +152,19 @@ def test_cli_best_layout_prints_layouts_and_refuses_a_measured_preset(capsys, tm
     assert "layouts searched:" in out and "do not fit:" in out and "over by" in out and "runner-up" in out
     with pytest.raises(ValueError, match="--best-layout"):
         simulate_main(["--preset", "cpu-longtail", "--best-layout", "--no-plot", "--output", str(tmp_path)])
+
+
+def test_a_critic_on_devices_of_its_own_runs_beside_the_actor_at_its_share_of_the_devices():
+    cfg = presets.load_preset("paper-7b-h200", ["split.colocate=false", "split.generate_gpus=2", "split.train_gpus=3",
+                                                "split.critic_gpus=2", "split.score_gpus=1", *SHORT])
+    c = cost_model.build(cfg)
+    assert (c.actor_group_scale, c.critic_group_scale, c.critic_train_share) == pytest.approx((5 / 3, 5 / 2, 0.5))
+    run = simulate(cfg, c, "sync", 0)
+    spans = {}
+    for r in run.rows:
+        if r["kind"] == "span" and r["role"] in ("actor", "critic"):
+            spans.setdefault((r["role"], r["stage"]), []).append((r["t0"], r["t1"]))
+    for (a0, a1), (v0, v1) in zip(spans[("actor", "old_logprobs")], spans[("critic", "values")]):
+        assert a0 == v0 and (v1 - v0) / (a1 - a0) == pytest.approx(1.5)  # the same 7B forward on 2 devices, not 3
+    for (a0, a1), (b0, b1) in zip(spans[("actor", "train")], spans[("critic", "train")]):
+        assert a0 == b0 and (a1 - a0) / (b1 - b0) == pytest.approx(2 / 3)

@@ -117,6 +117,9 @@ class Split:
     sleep: bool = _f(False, "Colocated only: OpenRLHF's hybrid engine (`--vllm.enable_sleep --ds.enable_sleep`): "
                             "vLLM and the DeepSpeed models take the devices' memory in turn, moving their state "
                             "over PCIe each step.")
+    critic_gpus: int = _f(0, "Devices per node for the critic apart from the actor's (OpenRLHF without "
+                             "--train.colocate_all: a group of its own, or with the reward model under "
+                             "--train.colocate_critic_reward); 0: it shares the training devices.")
     reward_with_train: bool = _f(False, "The reward model is one of the DeepSpeed models on the training devices "
                                         "(OpenRLHF's colocated models): its forward runs in make_experience, after "
                                         "the others (needs score_gpus 0).")
@@ -343,9 +346,13 @@ def validate(cfg: SimConfig) -> None:
              "training shares its devices)", s.sleep)
     _require(s.score_gpus == 0 or not s.reward_with_train, "split.reward_with_train",
              "false when split.score_gpus > 0 (the reward model is on its own devices)", s.reward_with_train)
-    gpus = s.generate_gpus + s.score_gpus + (0 if s.colocate else s.train_gpus)
+    _require(not (s.colocate and s.critic_gpus), "split.critic_gpus", "0 when split.colocate (every model "
+             "shares the devices)", s.critic_gpus)
+    _require(w.critic or not s.critic_gpus, "split.critic_gpus", "0 without a critic (workload.critic false)",
+             s.critic_gpus)
+    gpus = s.generate_gpus + s.score_gpus + (0 if s.colocate else s.train_gpus + s.critic_gpus)
     if cfg.hardware is not None:
-        _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train unless colocated) <= "
+        _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train + critic unless colocated) <= "
                  f"split.gpus_per_node ({s.gpus_per_node})", gpus)
     measured = cfg.costs.measured_decode
     reward_ok = cfg.reward is not None or not w.reward_model  # a rule reward needs no reward shape
