@@ -24,7 +24,8 @@ from openrlhf_oppo.settings import setting as _f
 FLAG_PREFIX = "oppo"
 DELTA_RULES = ("system", "eq4", "alg1")
 CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
-# staleness.correction 'auto' under async admission, chosen on the learn task (docs/convergence.md)
+# staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
+# beyond the seed spread (docs/convergence.md); TIS, OpenRLHF's token-level clip, is the conservative pick
 AUTO_CORRECTION = "tis"
 REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
