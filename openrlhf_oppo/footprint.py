@@ -51,7 +51,11 @@ def kv_shape(config) -> tuple[int, int, int]:
     return config.num_hidden_layers, kv_heads, head_dim
 
 
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes of K and V one token takes over all layers."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
 def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     """Bytes of K and V one token takes over all layers of a decoder with `config`."""
-    layers, kv_heads, head_dim = kv_shape(config)
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+    return kv_bytes(*kv_shape(config), dtype_bytes)

@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from openrlhf_oppo import timeline
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import drivers, presets
 from openrlhf_oppo.sim.world import RunResult
@@ -84,19 +85,8 @@ def stage_split(result: RunResult, warmup_steps: int) -> dict[str, float]:
     for stage, keys in STAGES.items():
         spans = [(r["t0"], r["t1"]) for r in result.rows
                  if r["kind"] == "span" and (r["role"], r["stage"]) in keys]
-        out[stage] = covered_s(spans, t0, t1) / steps
+        out[stage] = timeline.covered_s(spans, t0, t1) / steps
     return out
-
-
-def covered_s(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
-    """Length of the union of `spans` within [t0, t1] (spans of parallel servers count once)."""
-    total, reach = 0.0, t0
-    for a, b in sorted(spans):
-        a, b = max(a, reach), min(b, t1)
-        if b > a:
-            total += b - a
-            reach = b
-    return total
 
 
 def simulate(cfg: presets.SimConfig) -> Row:
@@ -104,7 +94,7 @@ def simulate(cfg: presets.SimConfig) -> Row:
     w, s = cfg.workload, cfg.split
     runs = [drivers.simulate(cfg, costs, SCHEDULE, w.seed + k) for k in range(w.seeds)]
     step_s = statistics.median(drivers.summarize(r, w.warmup_steps)["mean_step_s"] for r in runs)
-    gpus = s.nodes * (s.generate_gpus + s.score_gpus + (0 if s.colocate else s.train_gpus))
+    gpus = s.nodes * s.devices_used
     ln = cfg.lengths
     lengths = f"{ln.prompt_tokens}+{ln.mean_tokens:g}/{ln.cap_tokens}" if ln.kind == "lognormal" else ln.kind
     return Row(cfg.name, f"{gpus} x {cfg.hardware.name}", lengths, step_s, cfg.published.step_s,

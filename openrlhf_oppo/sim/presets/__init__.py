@@ -23,7 +23,7 @@ from typing import Any
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import settings
 from openrlhf_oppo.config import OppoConfig
-from openrlhf_oppo.footprint import decoder_params
+from openrlhf_oppo.footprint import decoder_params, kv_bytes
 from openrlhf_oppo.settings import setting as _f
 
 # A package on the file system (a checkout, or an installed wheel) gives a real directory.
@@ -79,7 +79,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * (self.hidden // self.heads) * 2  # K and V, bf16
+        return kv_bytes(self.layers, self.kv_heads, self.hidden // self.heads, 2)  # bf16
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,13 @@ class Split:
     reward_with_train: bool = _f(False, "The reward model is one of the DeepSpeed models on the training devices "
                                         "(OpenRLHF's colocated models): its forward runs in make_experience, after "
                                         "the others (needs score_gpus 0).")
+
+
+    @property
+    def devices_used(self) -> int:
+        """Devices of a node the split uses: vLLM's and the reward model's, and the DeepSpeed models'
+        unless they share vLLM's."""
+        return self.generate_gpus + self.score_gpus + (0 if self.colocate else self.train_gpus + self.critic_gpus)
 
 
 @dataclass(frozen=True)
@@ -350,7 +357,7 @@ def validate(cfg: SimConfig) -> None:
              "shares the devices)", s.critic_gpus)
     _require(w.critic or not s.critic_gpus, "split.critic_gpus", "0 without a critic (workload.critic false)",
              s.critic_gpus)
-    gpus = s.generate_gpus + s.score_gpus + (0 if s.colocate else s.train_gpus + s.critic_gpus)
+    gpus = s.devices_used
     if cfg.hardware is not None:
         _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train + critic unless colocated) <= "
                  f"split.gpus_per_node ({s.gpus_per_node})", gpus)
