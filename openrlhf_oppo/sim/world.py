@@ -13,7 +13,8 @@ A step, after its batch is ready (every schedule)::
 With `split.colocate` the engines pause while the training devices work (they are the
 same devices); with `split.sleep` each step also moves vLLM's weights and the DeepSpeed
 states out and back over PCIe (`memory.sleep_transfer_s`), before make_experience and
-inside the weight sync. Step latency is the gap between consecutive trainings' ends.
+inside the weight sync. A step's time is the gap between consecutive steps' events, after
+their weight syncs (`drivers.step_latencies_s`).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ class World:
         one after the other on shared devices, side by side on their own."""
         c, critic = self.costs, self.cfg.workload.critic
         share = c.critic_train_share if c.critic_group_scale else 0.5 if critic else 0.0
-        actor_s = train_s * (1 - share) * (c.actor_group_scale if c.critic_group_scale else 1.0)
+        actor_s = train_s * (1 - share) * c.actor_group_scale  # 1 when the devices are shared
         critic_s = train_s * share * (c.critic_group_scale or 1.0)
         critic_t0 = t if c.critic_group_scale else t + actor_s
         self.recorder.span("actor", TRAIN_WORKER, "train", t, t + actor_s)
