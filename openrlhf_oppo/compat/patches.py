@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 
 from openrlhf_oppo.hooks import Patch
-from openrlhf_oppo.upstream import OPENRLHF_VERSION
+from openrlhf_oppo.upstream import OPENRLHF_VERSION, ray_actor_classes
 
 DEEPSPEED_VERSION = "0.19.6"
 VLLM_VERSION = "0.29.0"
@@ -145,6 +145,44 @@ def master_port_outside_ephemeral_range(module) -> None:
     module.BaseDistributedActor._get_free_port = staticmethod(free_port)
 
 
+ALL_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode tags
+
+
+@_gated
+def vllm_sleep_standin(module) -> None:
+    """vllm 0.29's CPU build has no sleep mode (`is_sleep_mode_available` is CUDA/ROCm/XPU
+    only: `enable_sleep_mode` fails the engine's start), and openrlhf 0.11.2's hybrid engine
+    (`--vllm.enable_sleep`) starts `RolloutRayActor`s with it and calls their `sleep` /
+    `wake_up`. Stand in for what a run must survive: the engine starts without it; `sleep`
+    aborts whatever still decodes and drops the KV and prefix caches (vLLM's level 1 discards
+    the KV cache and moves the weights to host memory, where they are already); scheduling
+    resumes once every tag is awake, and a second `sleep` or `wake_up` does nothing, as vLLM's
+    executor behaves. Set on the class under `@ray.remote` (what OPPO's rollout actor
+    subclasses) and on Ray's subclass, whose wrappers OpenRLHF's own engines run."""
+    plain, wrapped = ray_actor_classes(module.RolloutRayActor)
+    init = plain.__init__
+
+    @functools.wraps(init)
+    async def __init__(self, *args, **kwargs):
+        self._sleeping_tags = set()
+        kwargs.pop("enable_sleep_mode", None)
+        await init(self, *args, **kwargs)
+
+    async def sleep(self, level: int = 1) -> None:
+        if not self._sleeping_tags:
+            await self.llm.pause_generation(mode="abort", clear_cache=True)
+            self._sleeping_tags = set(ALL_TAGS)
+
+    async def wake_up(self, tags=None) -> None:
+        if self._sleeping_tags:
+            self._sleeping_tags -= set(tags or ALL_TAGS)
+            if not self._sleeping_tags:
+                await self.llm.resume_generation()
+
+    for cls in (plain, wrapped):
+        cls.__init__, cls.sleep, cls.wake_up = __init__, sleep, wake_up
+
+
 # The columns each dataset class keeps (openrlhf 0.11.2, `self.<attr> = processed_dataset[...]`).
 DATASET_COLUMNS = {
     "RewardDataset": ("prompts", "chosens", "rejects", "extras"),
@@ -185,6 +223,8 @@ PATCHES: tuple[Patch, ...] = (
           f"deepspeed {DEEPSPEED_VERSION}, openrlhf {OPENRLHF_VERSION}"),
     Patch("weight_sync_sender", "openrlhf.trainer.ray.ppo_actor", weight_sync_sender, f"openrlhf {OPENRLHF_VERSION}"),
     Patch("weight_sync_receiver", "openrlhf.trainer.ray.vllm_worker_wrap", weight_sync_receiver,
+          f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
+    Patch("vllm_sleep_standin", "openrlhf.trainer.ray.vllm_engine", vllm_sleep_standin,
           f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
     Patch("master_port_outside_ephemeral_range", "openrlhf.trainer.ray.launcher", master_port_outside_ephemeral_range,
           f"openrlhf {OPENRLHF_VERSION}"),

@@ -194,3 +194,56 @@ def test_reward_dataset_columns_become_lists_and_items_stay_the_same(tmp_path):
     for k in range(2):
         for a, b in zip(upstream[k], patched[k], strict=True):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def test_vllms_cpu_build_has_no_sleep_mode_and_openrlhf_asks_for_it():
+    """What the sleep stand-in replaces: vLLM refuses `enable_sleep_mode` here, and OpenRLHF's
+    hybrid engine passes it to every engine and calls `sleep(level)` / `wake_up(tags)`."""
+    from openrlhf.trainer.ray import vllm_engine
+    from vllm.platforms import current_platform
+
+    from openrlhf_oppo.upstream import unwrap_ray_actor
+
+    assert not current_platform.is_sleep_mode_available()
+    assert '"enable_sleep_mode": vllm_enable_sleep' in inspect.getsource(vllm_engine.create_vllm_engines)
+    cls = unwrap_ray_actor(vllm_engine.RolloutRayActor)
+    assert list(inspect.signature(cls.sleep).parameters)[:2] == ["self", "level"]
+    assert list(inspect.signature(cls.wake_up).parameters)[:2] == ["self", "tags"]
+
+
+def test_sleep_standin_drops_the_kv_cache_and_resumes_once_every_tag_is_awake():
+    import asyncio
+
+    import ray
+
+    calls = []
+
+    class LLM:
+        async def pause_generation(self, *, mode, clear_cache):
+            calls.append(("pause", mode, clear_cache))
+
+        async def resume_generation(self):
+            calls.append(("resume",))
+
+    class Engine:
+        async def __init__(self, *args, **kwargs):
+            self.kwargs, self.llm = kwargs, LLM()
+
+    actor = ray.remote(Engine)
+    _ungated(patches.vllm_sleep_standin)(types.SimpleNamespace(RolloutRayActor=actor))
+    assert actor.__ray_metadata__.modified_class.sleep is Engine.sleep  # what OpenRLHF's own engines run
+    engine = Engine.__new__(Engine)
+
+    async def run():
+        await engine.__init__(model="m", enable_sleep_mode=True)
+        assert engine.kwargs == {"model": "m"}  # vLLM's CPU build would refuse it
+        await engine.wake_up()  # awake: nothing to do, as vLLM's executor warns and returns
+        await engine.sleep()
+        await engine.sleep()
+        await engine.wake_up(tags=["weights"])  # OpenRLHF's weight sync wakes the weights only
+        assert calls == [("pause", "abort", True)]  # whatever decoded is aborted; KV and prefix cache dropped
+        await engine.wake_up(tags=["kv_cache"])
+        await engine.wake_up()
+
+    asyncio.run(run())
+    assert calls == [("pause", "abort", True), ("resume",)]

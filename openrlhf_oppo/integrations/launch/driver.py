@@ -31,7 +31,6 @@ PROG = f"python -m {ENTRY_MODULE}"
 INCOMPATIBLE_FLAGS = {
     "--train.async_enable": "OPPO is its own overlap schedule on top of synchronous PPO",
     "--train.partial_rollout_enable": "OPPO carries partial rollouts itself",
-    "--vllm.enable_sleep": "carried requests must keep decoding (and their KV cache) while the trainer trains",
     "--algo.dynamic_filtering_enable": "OPPO trains the first B complete groups; filtering would change B",
     "--train.agent_func_path": "OPPO drives single-turn generation itself (agent executors are not streamed)",
     "--data.max_images_per_prompt": "OPPO's rollout streams text prompts; images would be dropped",
@@ -73,6 +72,13 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
             "--vllm.enable_prefix_caching cannot be combined with --oppo.staleness.keep_kv_cache true: "
             "carried requests keeping their KV blocks across a weight sync stop vLLM's prefix-cache reset "
             "(new prompts would reuse the old policy's KV); set --oppo.staleness.keep_kv_cache false"
+        )
+    if _given("--vllm.enable_sleep", argv) and cfg.staleness.max_policy_lag:
+        raise ValueError(
+            f"--vllm.enable_sleep cannot be combined with --oppo.staleness.max_policy_lag "
+            f"{cfg.staleness.max_policy_lag}: asleep, the engines decode nothing while the models train, "
+            f"so nothing is admitted early; set --oppo.staleness.max_policy_lag 0 (async admission is for "
+            f"vLLM on its own GPUs)"
         )
     if _given("--rollout.vllm_generate_batch_size", argv) and cfg.delta.enable:
         raise ValueError(

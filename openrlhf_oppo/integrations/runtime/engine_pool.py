@@ -1,6 +1,7 @@
 """OpenRLHF's rollout engines (`OppoRolloutActor`s) as one pool: where each group decodes,
 starting and resuming its samples, polling their deltas, aborted requests, the pause
-around a weight sync, and the engine-side fault injection."""
+around a weight sync, sleep and wake (`--vllm.enable_sleep`), and the engine-side fault
+injection."""
 
 from __future__ import annotations
 
@@ -123,6 +124,22 @@ class EnginePool:
             logger.warning("OPPO fault injection: engine %d aborted sample %s", idx,
                            self.calls.get(self.engines[idx].abort_one.remote()))
         return outputs
+
+    # ------------------------------------------------------------------ sleep mode
+
+    def park(self) -> None:
+        """Stop every request where it is; their last ("abort") deltas wait in the outboxes."""
+        self.calls.get([e.park.remote() for e in self.engines])
+
+    def sleep(self) -> None:
+        """OpenRLHF's `RolloutRayActor.sleep`: vLLM frees its KV cache and offloads its weights."""
+        with timeline.RECORDER.timed("driver", "sleep"):
+            self.calls.get([e.sleep.remote() for e in self.engines])
+
+    def wake(self) -> None:
+        """OpenRLHF's `RolloutRayActor.wake_up`: weights and KV cache back on the device."""
+        with timeline.RECORDER.timed("driver", "wake"):
+            self.calls.get([e.wake_up.remote() for e in self.engines])
 
     # ------------------------------------------------------------------ around a weight sync
 

@@ -19,6 +19,10 @@ decision:
               trainer's weight sync pauses them (`pause_generation(mode="keep")`, KV cache
               kept unless --oppo.staleness.keep_kv_cache false)
               and bumps the policy version their next tokens are stamped with
+    sleep     with --vllm.enable_sleep (the hybrid engine: vLLM and the DeepSpeed models share
+              the GPUs) the carried requests stop at the batch with every token kept, the
+              engines sleep while the models train, and after the wake they decode on from
+              their tokens (prompt + partial response re-prefilled, `oppo/reprefilled_tokens`)
 
 The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators:
 the `EnginePool` (placement, starts, polls, aborts), the `RewardDispatcher` (chunks to the
@@ -88,6 +92,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.ledger = RunLedger()
         self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted since the last step event
         self.async_admission = oppo.staleness.max_policy_lag >= 1
+        self.sleep_mode = bool(self.args.vllm.enable_sleep)  # OpenRLHF ignores it without --train.colocate_all
+        self.parked = False  # sleep mode: the carried samples were stopped at the last batch, to decode on
         self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
         self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
         # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training
@@ -110,6 +116,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.meter.start_step()
         self.engines.begin_step(self.step)
         self.rewards.begin_step(self.step)
+        if self.sleep_mode:  # asleep since the engines started or the last batch (or an evaluation)
+            self.engines.wake()
         if not self.ledger.started:  # after any checkpoint load: the run (re)starts here
             self.ledger.start(self.step - 1, list(self.scheduler.in_flight_groups), self.scheduler.next_prompt_index,
                               len(self.prompts_dataloader))
@@ -129,6 +137,9 @@ class OppoSamplesGenerator(SamplesGenerator):
             plan, boundary = self._begin(self.step, generate_kwargs)
             admitted = len(plan.admit)
         batch, generated = self._stream_until_batch(plan.chunk_size_tokens if self.streaming else NO_CHUNKS)
+        if self.sleep_mode:  # the models train on the engines' GPUs next
+            generated += self._park()
+            self.engines.sleep()
         self.meter.end_generation(generated)
         self.open_batch = batch
         exhausted = self.scheduler.oldest_prompt_index >= boundary  # the batch held the pass's last groups
@@ -187,18 +198,22 @@ class OppoSamplesGenerator(SamplesGenerator):
             for j, sid in enumerate(group.sample_ids):
                 opens[sid] = ids
                 starts.append((gid, self.prompts.request(gid, sid, [], self._seed(step, slot, prompt, j))))
-        if self.needs_restart:
-            # engines and reward actors hold nothing: reopen every held sample (`plan.restream`
-            # re-sends its tokens) and restart the unfinished ones after the tokens they had
-            self.needs_restart = False
+        if self.needs_restart or self.parked:
+            # after a checkpoint load engines and reward actors hold nothing: reopen every held
+            # sample (`plan.restream` re-sends its tokens); after a sleep only the engines lost
+            # them. Either way the unfinished ones decode on after the tokens they had.
+            reopen, self.needs_restart, self.parked = self.needs_restart, False, False
             for slot, gid in enumerate(plan.carried, start=len(plan.admit)):
-                self.engines.place(gid)
                 prompt, _, ids = self.prompts.by_group[gid]
+                if reopen:
+                    self.engines.place(gid)
                 for j, sid in enumerate(self.scheduler.group_sample_ids(gid)):
-                    opens[sid] = ids
+                    if reopen:
+                        opens[sid] = ids
                     if not self.scheduler.is_finished(sid):  # a finished one has nothing to decode
                         held = self.scheduler.held_tokens(sid)
                         starts.append((gid, self.prompts.request(gid, sid, held, self._seed(step, slot, prompt, j))))
+                        self.meter.reprefilled_tokens += len(ids) + len(held)
         self.rewards.open(opens)
         self.engines.start(starts, self.sampling_params)
         self.rewards.confirm_opened()
@@ -264,8 +279,27 @@ class OppoSamplesGenerator(SamplesGenerator):
         for d in aborted:
             gid, held = self.scheduler.group_of(d.sample_id), self.scheduler.held_tokens(d.sample_id)
             # unseeded: a failure is not part of a reproducible run
-            restarts.append((d, gid, self.prompts.request(gid, d.sample_id, held, None)))
+            req = self.prompts.request(gid, d.sample_id, held, None)
+            restarts.append((d, gid, req))
+            self.meter.reprefilled_tokens += len(req.prompt_ids) + len(held)
         self.engines.restart_aborted(restarts, self.sampling_params)
+
+    def _park(self) -> int:
+        """Sleep mode: stop every carried request where it is and feed the scheduler the tokens
+        each decoded until then (a sample that finished meanwhile is finished as usual); the
+        next step decodes them on from there (`_admit`). Returns the tokens fed."""
+        decoding = {sid for gid in self.scheduler.in_flight_groups for sid in self.scheduler.group_sample_ids(gid)
+                    if not self.scheduler.is_finished(sid)}
+        generated = 0
+        if decoding:
+            self.engines.park()
+            self.parked = True
+        while decoding:  # every request's last delta is in its engine's outbox
+            deltas = self.engines.poll(1)
+            generated += sum(len(d.token_ids) for d in deltas)
+            self.rewards.dispatch(self._feed(deltas))
+            decoding -= {d.sample_id for d in deltas if d.finish_reason is not None}
+        return generated
 
     # ------------------------------------------------------------------ build experiences
 
@@ -334,8 +368,9 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no pause
-        if self.scheduler.in_flight_groups:
+        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no
+        # pause; in sleep mode the carried ones were stopped at the batch
+        if self.scheduler.in_flight_groups and not self.sleep_mode:
             self.engines.pause(self.oppo.staleness.keep_kv_cache)
 
     def resume_after_weight_sync(self) -> None:
@@ -362,4 +397,4 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.last_mean_reward = state.get("last_mean_reward")  # absent before async admission
         self.prompts.by_group = {int(gid): (p, lb, ids) for gid, (p, lb, ids) in state["prompts"].items()}
         self.rewards.forget_all()  # reward actors restart empty: every held sample is re-scored
-        self.needs_restart = True  # OpenRLHF restores the dataloader at scheduler.next_prompt_index
+        self.needs_restart, self.parked = True, False  # OpenRLHF restores the dataloader at scheduler.next_prompt_index

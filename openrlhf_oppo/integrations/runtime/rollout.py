@@ -76,6 +76,20 @@ class OppoRolloutActor(_BASE):
             return sid
         return None
 
+    async def park(self) -> list[int]:
+        """Stop every request where it is (before the engine sleeps, `--vllm.enable_sleep`):
+        each is aborted and its task ends with a last "abort" delta holding every token it
+        decoded; the generator records them and decodes the sample on from its tokens
+        after the wake. Returns the sample ids stopped."""
+        stopped: set[int] = set()
+        with timeline.RECORDER.timed("rollout", "park"):
+            while self._tasks:  # a task started a moment ago may not have its vLLM request yet
+                stopped.update(self._tasks)
+                if self._request_ids:
+                    await self.llm.abort(list(self._request_ids.values()))
+                await asyncio.wait(list(self._tasks.values()), timeout=0.05)
+        return sorted(stopped)
+
     def set_reward_tokenizer(self, tokenizer) -> None:
         self._reward_tokenizer = tokenizer
 

@@ -34,6 +34,9 @@ class StepMeter:
         # actor index -> its latest (evictions, reprefilled tokens, OOM retries), counted since it started
         self.scorer_counters: dict[int, tuple[int, int, int]] = {}
         self.scorer_step_counts = [0, 0, 0]  # the same, summed over actors, this step
+        # prompt + response tokens the engines prefill again this step: samples decoding on
+        # after a sleep, an aborted request or a restart
+        self.reprefilled_tokens = 0
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True, disable=not show_progress)
 
     # ------------------------------------------------------------------ fed during a step
@@ -41,6 +44,7 @@ class StepMeter:
     def start_step(self) -> None:
         self.started_s = self.clock()
         self.overlap_tokens = [0, 0]
+        self.reprefilled_tokens = 0
 
     def end_generation(self, generated_tokens: int) -> None:
         self.gen_s = self.clock() - self.started_s
@@ -88,6 +92,7 @@ class StepMeter:
             "oppo/overlap_fraction": before / max(before + at_end, 1),
             "oppo/scorer_restarts": float(scorer_restarts),
             "oppo/aborted_requests": float(aborted_requests),
+            "oppo/reprefilled_tokens": float(self.reprefilled_tokens),
         }
         if self.scorers:
             metrics.update(self._scorer_metrics())

@@ -30,6 +30,7 @@ OpenRLHF symbol OPPO relies on is listed in `touch_points.TOUCH_POINTS`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import ray
@@ -73,6 +74,8 @@ def build_samples_generator(base, reward_group) -> OppoSamplesGenerator:
                     "training GPUs, so the groups admitted at each batch decode beside the update, not on idle "
                     "GPUs (little to gain, memory shared); async admission is for vLLM on its own GPUs "
                     "(drop --train.colocate_all)", lag)
+    if args.vllm.enable_sleep:  # asleep, the engines drop every KV cache: nothing decodes on older weights' KV
+        oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, keep_kv_cache=False))
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
                                  samples_per_group=args.rollout.n_samples_per_prompt,
                                  scorers=(REWARD,) if streaming else ())

@@ -106,7 +106,8 @@ def make_args(B: int = 2, n: int = 2, remote_url: str | None = None) -> SimpleNa
     ns = SimpleNamespace
     return ns(rollout=ns(batch_size=B, n_samples_per_prompt=n), algo=ns(advantage=ns(is_correction_level="off")),
               reward=ns(remote_url=remote_url, model_name_or_path="/rm"),
-              train=ns(full_determinism_enable=False, seed=42, agent_func_path=None))
+              train=ns(full_determinism_enable=False, seed=42, agent_func_path=None),
+              vllm=ns(enable_sleep=False))
 
 
 @pytest.fixture

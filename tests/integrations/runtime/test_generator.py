@@ -29,6 +29,9 @@ class FakePool:
         self.paused = False
         self.aborted_this_step = 0
         self.placed: dict[int, int] = {}
+        self.asleep = False
+        self.stopped: list[int] = []  # parked, their "abort" deltas not yet polled
+        self.calls: list[str] = []  # sleep-mode calls, in order
 
     def set_reward_tokenizer(self, tokenizer) -> None:
         raise AssertionError("streamed rewards: the engines score nothing")
@@ -44,6 +47,7 @@ class FakePool:
         del self.placed[group_id]
 
     def start(self, requests, params) -> None:
+        assert not self.asleep
         for gid, req in requests:
             assert gid in self.placed and req.max_tokens == GENERATE_KWARGS["max_new_tokens"]
             self.started.append((req.sample_id, list(req.held_ids)))
@@ -53,8 +57,9 @@ class FakePool:
         assert aborted == []
 
     def poll(self, wake_tokens: int, also=()) -> list:
-        assert not self.paused
-        deltas = []
+        assert not self.paused and not self.asleep
+        deltas = [self.make_delta(sid, [], self.version, "abort") for sid in self.stopped]
+        self.stopped = []
         for sid, pos in list(self.decoding.items()):
             self.decoding[sid] = pos + 1
             done = pos + 1 == self.length(sid)
@@ -66,6 +71,18 @@ class FakePool:
 
     def pause(self, keep_kv_cache: bool) -> None:
         self.paused = True
+
+    def park(self) -> None:
+        self.calls.append("park")
+        self.stopped, self.decoding = sorted(self.decoding), {}
+
+    def sleep(self) -> None:
+        self.calls.append("sleep")
+        self.asleep = True
+
+    def wake(self) -> None:
+        self.calls.append("wake")
+        self.asleep = False
 
     def resume(self, policy_version: int) -> None:
         self.version, self.paused = policy_version, False
@@ -124,8 +141,9 @@ def group1_is_slow(sid: int) -> int:
     return 3 if sid in (2, 3) else 2
 
 
-def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag: int = 0):
+def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag: int = 0, sleep: bool = False):
     args = fakes.make_args(B=B, n=N)
+    args.vllm.enable_sleep = sleep
     scheduler = OverlapScheduler(fakes.make_config(delta=DELTA, chunk=2, max_lag=max_lag), batch_groups=B,
                                  samples_per_group=N,
                                  scorers=(REWARD,))
@@ -241,3 +259,19 @@ def test_the_engines_are_asked_for_no_text_nobody_reads(fakes):
     gen = make_generator(fakes)
     run_step(gen)
     assert gen.sampling_params.detokenize is False
+
+
+def test_sleep_mode_stops_carried_samples_at_the_batch_and_decodes_them_on_after_the_wake(fakes):
+    gen = make_generator(fakes, sleep=True)
+    step = run_step(gen)
+    assert step.order == [0, 1, 4, 5] and gen.engines.calls == ["wake", "park", "sleep"]
+    assert gen.engines.paused is False  # asleep through the update: nothing to pause
+    assert gen.scheduler.held_tokens(2) == [20, 21] and gen.scheduler.held_tokens(3) == [30, 31]
+    assert step.metrics["oppo/reprefilled_tokens"] == 0.0
+    step = run_step(gen)
+    assert gen.engines.calls[3:] == ["wake", "sleep"]  # every sample finished by the batch: none to stop
+    # group 1 decodes on from the tokens it had, after group 3's new samples are started
+    assert gen.engines.started[-2:] == [(2, [20, 21]), (3, [30, 31])]
+    carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
+    assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
+    assert step.metrics["oppo/reprefilled_tokens"] == 2 * (len("p1") + 2)  # prompt + held, re-prefilled

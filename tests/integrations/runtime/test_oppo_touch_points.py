@@ -130,8 +130,8 @@ def test_incompatible_flags_name_both_flags():
     cfg, rest = parse(["--rollout.vllm_generate_batch_size", "8"])
     with pytest.raises(ValueError, match=r"--rollout\.vllm_generate_batch_size .* --oppo\.delta\.enable"):
         check_flags(rest, cfg)
-    cfg, rest = parse(["--vllm.enable_sleep"])
-    with pytest.raises(ValueError, match=r"--vllm\.enable_sleep"):
+    cfg, rest = parse(["--vllm.enable_sleep", "--oppo.staleness.max_policy_lag", "2"])
+    with pytest.raises(ValueError, match=r"--vllm\.enable_sleep cannot .* --oppo\.staleness\.max_policy_lag 2"):
         check_flags(rest, cfg)
     check_flags(["--rollout.batch_size", "4", "--reward.model_name_or_path", "/rm"], cfg)  # fine
 
@@ -207,7 +207,8 @@ def test_unwired_reference_and_critic_streaming_are_refused_by_name():
 REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
     (["--train.async_enable"], r"--train\.async_enable cannot be combined with OPPO", []),
     (["--train.partial_rollout_enable"], r"--train\.partial_rollout_enable cannot be combined with OPPO", []),
-    (["--vllm.enable_sleep"], r"--vllm\.enable_sleep cannot be combined with OPPO", []),
+    (["--vllm.enable_sleep"], r"--vllm\.enable_sleep cannot be combined with --oppo\.staleness\.max_policy_lag",
+     ["--oppo.staleness.max_policy_lag", "2"]),
     (["--algo.dynamic_filtering_enable"], r"--algo\.dynamic_filtering_enable cannot be combined with OPPO", []),
     (["--train.agent_func_path", "/a.py"], r"--train\.agent_func_path cannot be combined with OPPO", []),
     (["--data.max_images_per_prompt", "2"], r"--data\.max_images_per_prompt cannot be combined with OPPO.*images", []),
@@ -246,7 +247,9 @@ def test_what_oppo_accepts_that_it_used_to_refuse():
     for argv in (["--reward.remote_url", "/r.py"], ["--reward.remote_url", "http://127.0.0.1:5000/get_reward"],
                  ["--reward.remote_url", "/r.py", "--eval.dataset", "/e.jsonl"],
                  ["--reward.model_name_or_path", "/rm", "--oppo.streaming.enable", "false", "--reward.offload"],
-                 ["--reward.model_name_or_path", "/rm", "--data.max_images_per_prompt", "0"]):
+                 ["--reward.model_name_or_path", "/rm", "--data.max_images_per_prompt", "0"],
+                 ["--reward.model_name_or_path", "/rm", "--train.colocate_all", "--vllm.enable_sleep",
+                  "--ds.enable_sleep"]):
         cfg, rest = train_ppo_ray.parse(argv)
         train_ppo_ray.check_flags(rest, cfg)
     cfg, rest = train_ppo_ray.parse([])
