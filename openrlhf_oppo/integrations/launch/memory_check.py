@@ -1,15 +1,18 @@
 """Memory of a colocated layout (`--train.colocate_all`), checked before anything starts.
 
-OPPO refuses `--vllm.enable_sleep` (carried requests keep decoding while the trainer trains),
-so on every colocated GPU vLLM keeps `--vllm.gpu_memory_utilization` of the device beside the
-DeepSpeed models and the streaming reward actor. Per GPU (`openrlhf_oppo.footprint`)::
+On every colocated GPU vLLM keeps `--vllm.gpu_memory_utilization` of the device beside the
+DeepSpeed models and the streaming reward actor, unless it sleeps while they train
+(`--vllm.enable_sleep`, the hybrid engine; `--ds.enable_sleep` moves the actor's and critic's
+optimizer states and gradients to the host while vLLM generates). Per GPU
+(`openrlhf_oppo.footprint`), in each phase::
 
-    vLLM                     gpu_memory_utilization x device memory
-    actor, critic            ZeRO-3: 16 B a parameter over their GPUs
+    vLLM                     gpu_memory_utilization x device memory (generating; always without sleep)
+    actor, critic            ZeRO-3: 16 B a parameter over their GPUs (2 B while generating with
+                             --ds.enable_sleep: the bf16 weights stay)
     reference, reward (batch) ZeRO-3 inference: 2 B a parameter over their GPUs
     streaming reward actor   the whole reward model (--ds.param_dtype) + its KV budget
                              + the batched forward's 2 x STREAM_MAX_BATCH_TOKENS of KV
-    ZeRO-3 live parameters, reserve (CUDA contexts, NCCL, fragmentation)
+    ZeRO-3 live parameters (training and its forwards), reserve (CUDA contexts, NCCL, fragmentation)
 
 Activations are left out: this is a lower bound, so whatever it refuses cannot fit.
 Model sizes come from the local checkpoints' config.json (no weights are read); a hub id or a
@@ -38,6 +41,8 @@ from openrlhf_oppo.config import OppoConfig
 
 NOTE = "openrlhf-oppo: colocated memory check:"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}  # --ds.param_dtype; anything else: fp32
+# where an item is on the device: the whole step, or only while vLLM generates / the models train
+ALWAYS, GENERATE, TRAIN = "always", "while vLLM generates", "while the models train"
 
 
 def _note(message: str) -> None:
@@ -73,20 +78,29 @@ def _config(flag: str, path: str | None):
     return AutoConfig.from_pretrained(path, trust_remote_code=True)
 
 
-def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float) -> list[tuple[str, float]]:
-    """(what, bytes) on each colocated GPU, as OpenRLHF 0.11.2 places a `--train.colocate_all` run
-    (every group in the actor's placement group)."""
+def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float) -> list[tuple[str, float, str]]:
+    """(what, bytes, when: ALWAYS, GENERATE or TRAIN) on each colocated GPU, as OpenRLHF 0.11.2
+    places a `--train.colocate_all` run (every group in the actor's placement group)."""
     def gpus(group: str) -> int:
         return max(1, v[f"{group}.num_nodes"] * v[f"{group}.num_gpus_per_node"])
 
+    def trained(name: str, params: int, devices: int) -> list[tuple[str, float, str]]:
+        if not v.get("ds.enable_sleep"):
+            return [(f"{name} ZeRO-3 states", footprint.zero3_bytes(params, True, devices), ALWAYS)]
+        weights = footprint.zero3_bytes(params, False, devices)
+        return [(f"{name} ZeRO-3 weights", weights, ALWAYS),
+                (f"{name} optimizer states and gradients", footprint.zero3_bytes(params, True, devices) - weights,
+                 TRAIN)]
+
     util = v["vllm.gpu_memory_utilization"]
-    items = [(f"vLLM (--vllm.gpu_memory_utilization {util:g})", util * capacity)]
+    items = [(f"vLLM (--vllm.gpu_memory_utilization {util:g})", util * capacity,
+              GENERATE if v.get("vllm.enable_sleep") else ALWAYS)]
     actor_cfg = _config("actor.model_name_or_path", v["actor.model_name_or_path"])
     if actor_cfg is not None:
         actor = footprint.params_of_config(actor_cfg)
-        items.append(("actor ZeRO-3 states", footprint.zero3_bytes(actor, True, gpus("actor"))))
+        items += trained("actor", actor, gpus("actor"))
         if v["algo.kl.init_coef"] > 0:
-            items.append(("reference", footprint.zero3_bytes(actor, False, gpus("ref"))))
+            items.append(("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS))
     remote = v["reward.remote_url"]
     reward_path = None if remote else (v["reward.model_name_or_path"] or "").split(",")[0] or None
     if v["algo.advantage.estimator"] == "gae":  # OpenRLHF's critic: given, else the reward model, else the actor
@@ -97,7 +111,7 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
         critic_cfg = _config(flag, path)
         if critic_cfg is not None:
             critic = footprint.params_of_config(critic_cfg, lm_head=False)
-            items.append(("critic ZeRO-3 states", footprint.zero3_bytes(critic, True, gpus("critic"))))
+            items += trained("critic", critic, gpus("critic"))
     reward_cfg = _config("reward.model_name_or_path", reward_path) if reward_path else None
     if reward_cfg is not None:
         reward = footprint.params_of_config(reward_cfg, lm_head=False)
@@ -106,15 +120,23 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
             per_token = footprint.kv_bytes_per_token(reward_cfg, dtype_bytes)
             here = math.ceil(gpus("reward") / gpus("actor"))  # streaming reward actors on one GPU
             budget = cfg.streaming.kv_budget_tokens
-            items += [(f"streaming reward weights x {here}", here * dtype_bytes * reward),
+            items += [(f"streaming reward weights x {here}", here * dtype_bytes * reward, ALWAYS),
                       (f"streaming KV budget x {here} (--oppo.streaming.kv_budget_tokens {budget})",
-                       here * budget * per_token),
-                      (f"streaming forward x {here}", here * 2 * footprint.STREAM_MAX_BATCH_TOKENS * per_token)]
+                       here * budget * per_token, ALWAYS),
+                      (f"streaming forward x {here}", here * 2 * footprint.STREAM_MAX_BATCH_TOKENS * per_token,
+                       ALWAYS)]
         else:
-            items.append(("reward model", footprint.zero3_bytes(reward, False, gpus("reward"))))
-    items += [("ZeRO-3 live parameters", footprint.WEIGHT_BYTES_PER_PARAM * footprint.LIVE_PARAMETERS),
-              ("reserve", footprint.RESERVE_BYTES)]
+            items.append(("reward model", footprint.zero3_bytes(reward, False, gpus("reward")), ALWAYS))
+    items += [("ZeRO-3 live parameters", footprint.WEIGHT_BYTES_PER_PARAM * footprint.LIVE_PARAMETERS, TRAIN),
+              ("reserve", footprint.RESERVE_BYTES, ALWAYS)]
     return items
+
+
+def peak(items: list[tuple[str, float, str]]) -> tuple[str, list[tuple[str, float]]]:
+    """The phase that needs the most memory, and what is on the device then."""
+    phases = {when: [(what, b) for what, b, w in items if w in (ALWAYS, when)] for when in (GENERATE, TRAIN)}
+    when = max(phases, key=lambda w: sum(b for _, b in phases[w]))
+    return when, phases[when]
 
 
 def streams_reward(v: dict[str, Any], cfg: OppoConfig | None) -> bool:
@@ -135,31 +157,34 @@ def check_colocated(v: dict[str, Any], cfg: OppoConfig | None, environ: Mapping[
             "--train.colocate_all with a streaming reward needs an explicit --oppo.streaming.kv_budget_tokens: "
             "the automatic one takes half of the GPU's free memory at load, while vLLM may still be allocating "
             "and before the DeepSpeed models peak. Pick a budget (this check then proves it fits)")
-    items = per_device_items(v, cfg, capacity)
+    when, items = peak(per_device_items(v, cfg, capacity))
     total = sum(b for _, b in items)
     if total <= capacity:
-        _note(f"{total / footprint.GB:.1f} of {capacity / footprint.GB:.1f} GB per GPU ({where}), activations "
-              "not counted")
+        _note(f"{total / footprint.GB:.1f} of {capacity / footprint.GB:.1f} GB per GPU at most ({when}; {where}), "
+              "activations not counted")
         return
-    raise ValueError(_refusal(v, cfg, items, capacity, where))
+    raise ValueError(_refusal(v, cfg, when, items, capacity, where))
 
 
-def _refusal(v: dict[str, Any], cfg: OppoConfig, items: list[tuple[str, float]], capacity: float,
+def _refusal(v: dict[str, Any], cfg: OppoConfig, when: str, items: list[tuple[str, float]], capacity: float,
              where: str) -> str:
     gb, total = footprint.GB, sum(b for _, b in items)
     parts = ", ".join(f"{what} {b / gb:.1f}" for what, b in items if b > 0)
-    util = v["vllm.gpu_memory_utilization"]
-    others = total - util * capacity  # all but vLLM
     fits = []
-    max_util = math.floor((capacity - others) / capacity * 100) / 100
-    if max_util > 0:
-        fits.append(f"--vllm.gpu_memory_utilization {max_util:.2f} or lower (vLLM's weights and KV cache must "
-                    "fit in it)")
+    vllm = next((b for what, b in items if what.startswith("vLLM")), None)
+    if vllm is not None:  # vLLM is on the device in the phase that overflows
+        max_util = math.floor((capacity - total + vllm) / capacity * 100) / 100
+        if max_util > 0:
+            fits.append(f"--vllm.gpu_memory_utilization {max_util:.2f} or lower (vLLM's weights and KV cache must "
+                        "fit in it)")
     kv = next((b for what, b in items if what.startswith("streaming KV budget")), 0.0)
     if kv > 0 and total - kv <= capacity:
         per_token = kv / cfg.streaming.kv_budget_tokens
         fits.append(f"--oppo.streaming.kv_budget_tokens {int((capacity - total + kv) // per_token):,} or lower")
+    if not (v.get("vllm.enable_sleep") and v.get("ds.enable_sleep")):
+        fits.append("--vllm.enable_sleep --ds.enable_sleep (OpenRLHF's hybrid engine: vLLM sleeps while the models "
+                    "train, the optimizer states leave the GPU while vLLM generates)")
     fits.append("more GPUs (--actor/--critic/--ref/--reward .num_gpus_per_node with vLLM's engines x TP), or no "
-                "--train.colocate_all (OPPO refuses --vllm.enable_sleep: vLLM stays awake beside the training)")
+                "--train.colocate_all")
     return (f"--train.colocate_all: each GPU ({capacity / gb:.1f} GB, {where}) would need at least "
-            f"{total / gb:.1f} GB ({parts}; activations not counted). What would fit: " + "; or ".join(fits))
+            f"{total / gb:.1f} GB {when} ({parts}; activations not counted). What would fit: " + "; or ".join(fits))

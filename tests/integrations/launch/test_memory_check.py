@@ -94,3 +94,23 @@ def test_layouts_that_are_not_colocated_are_not_checked(tmp_path, gpu_80gb, caps
 def test_a_device_memory_that_is_not_a_number_names_the_variable():
     with pytest.raises(ValueError, match=run_env.DEVICE_MEMORY_GB):
         memory_check.device_memory({run_env.DEVICE_MEMORY_GB: "80GB"})
+
+
+def test_the_hybrid_engine_fits_what_vllm_awake_beside_the_training_does_not(tmp_path, gpu_80gb, capsys):
+    """Half the GPU for vLLM: 40 GB beside the 57 GB the training side needs is refused, naming
+    the hybrid engine's flags; with them vLLM (40) meets only the actor's and critic's bf16
+    weights (1.9 + 1.8), the reference (1.9), the streaming reward actor (19.8) and the reserve
+    (4): 69.4 GB while generating, and the training phase needs the 57.0 GB without vLLM."""
+    with pytest.raises(ValueError, match=r"--vllm\.enable_sleep --ds\.enable_sleep \(OpenRLHF's hybrid engine"):
+        check(make_layout(tmp_path), util=0.5, budget=65536)
+    hybrid = {**make_layout(tmp_path), "vllm.enable_sleep": True, "ds.enable_sleep": True}
+    check(hybrid, util=0.5, budget=65536)
+    assert "69.4 of 80.0 GB per GPU at most (while vLLM generates" in capsys.readouterr().out
+
+
+def test_asleep_vllm_is_no_remedy_when_the_training_phase_overflows(tmp_path, gpu_80gb):
+    hybrid = {**make_layout(tmp_path, gpus=2), "vllm.num_engines": 1, "vllm.enable_sleep": True,
+              "ds.enable_sleep": True}  # 7B ZeRO-3 states over 2 GPUs: 61 GB for the actor alone
+    with pytest.raises(ValueError, match=r"at least [\d.]+ GB while the models train") as err:
+        check(hybrid, util=0.3, budget=65536)
+    assert "--vllm.gpu_memory_utilization" not in str(err.value).split("What would fit")[1]
