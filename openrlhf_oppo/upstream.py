@@ -50,6 +50,8 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.trainer.ray.launcher.BaseModelActor", "subclassed", "integrations.runtime.scorer"),
     _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.pause_generation", "subclassed", "integrations.runtime.rollout"),
     _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.resume_generation", "called", "integrations.runtime.engine_pool"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.sleep", "called", "integrations.runtime.engine_pool"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.wake_up", "called", "integrations.runtime.engine_pool"),
     # rule-based / remote rewards, scored in the engine with OpenRLHF's own executor
     _T("openrlhf.utils.agent.SingleTurnAgentExecutor._fetch_rewards_via_func", "called", "integrations.runtime.rollout"),
     _T("openrlhf.utils.agent.SingleTurnAgentExecutor._fetch_rewards_via_http", "called", "integrations.runtime.rollout"),
