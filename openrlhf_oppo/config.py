@@ -177,6 +177,13 @@ class StreamingConfig:
         "Stream into the critic (its cache is valid within one step only). Not routed by the "
         "OpenRLHF integration yet.",
     )
+    reference_actors: bool = _f(
+        False,
+        "Stream the reference into streaming reference actors that hold the whole frozen reference "
+        "model, on devices of their own or beside the engines (as the streaming reward actors hold the "
+        "reward model), instead of the training devices' ZeRO-3 copy; needs streaming.reference. A "
+        "simulator projection (openrlhf-oppo simulate): the OpenRLHF integration refuses it.",
+    )
     reward_pooling: str = _f(
         "last",
         "Where the streamed reward head reads: 'last' = the last token of prompt+response, as "
@@ -199,6 +206,8 @@ class StreamingConfig:
 
     def validate(self) -> None:
         _require(self.kv_budget_tokens >= 0, "streaming.kv_budget_tokens", "an integer >= 0", self.kv_budget_tokens)
+        _require(self.reference or not self.reference_actors, "streaming.reference_actors",
+                 "false unless streaming.reference is true (the actors stream the reference)", self.reference_actors)
         _require(self.reward_pooling in REWARD_POOLING, "streaming.reward_pooling", f"one of {REWARD_POOLING}",
                  self.reward_pooling)
 

@@ -107,6 +107,12 @@ def test_streaming_scorers_follow_flags():
     assert C.StreamingConfig(enable=False).scorers() == ()
 
 
+def test_reference_actors_need_the_reference_streamed():
+    assert C.StreamingConfig(reference=True, reference_actors=True).scorers() == ("reward", "reference")
+    with pytest.raises(ValueError, match="streaming.reference_actors"):
+        C.StreamingConfig(reference_actors=True)
+
+
 def test_bad_config_file_exits_with_one_line_error(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("oppo:\n  delta: {min: 4, max: 2, init: 2}\n")

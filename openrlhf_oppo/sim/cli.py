@@ -125,7 +125,7 @@ def _print_refused_layouts(space: layouts.Searched) -> None:
     print(f"layouts searched: {sum(len(v) for v in space.runnable.values())} (schedule, layout) pairs; "
           f"{len(space.refused)} layouts do not fit" + (":" if space.refused else ""))
     for split, who, why in space.refused:
-        print(f"  {layouts.describe(split):<48} for {who}: " + "; ".join(why))
+        print(f"  {layouts.describe(split, 'reference actors' in who):<48} for {who}: " + "; ".join(why))
     print()
 
 

@@ -21,7 +21,7 @@ Prefill (a reward-model call over chunks, each attending to its cached prefix)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from openrlhf_oppo.sim import memory
 from openrlhf_oppo.sim.presets import ModelShape, SimConfig
@@ -135,8 +135,6 @@ def build(cfg: SimConfig) -> CostModel:
         updates["train_per_token_s"] = m.train_per_token_s
     if m.weight_sync_s > 0:
         updates["weight_sync_s"] = m.weight_sync_s
-    from dataclasses import replace
-
     from openrlhf_oppo.sim import overheads
 
     model = replace(base, **updates)
@@ -182,9 +180,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
         decode_kv_read_per_token_s=actor.kv_bytes_per_token / (tp * bw),
         decode_compute_per_seq_s=2 * actor.params / (tp * hw.peak_bf16_flops * e.decode_mfu),
         prefill_call_s=e.forward_overhead_s,
-        prefill_weights_read_s=reward.weight_bytes / (stp * bw),
-        prefill_per_token_s=2 * reward.params / (stp * hw.peak_bf16_flops * e.prefill_mfu),
-        prefill_per_pair_s=4 * reward.layers * reward.hidden / (stp * hw.peak_bf16_flops * e.prefill_mfu),
+        **_prefill_terms(cfg, reward, stp),
         prefill_per_chunk_s=e.chunk_overhead_s,
         forward_per_token_s=2 * actor.params / (train_flops * e.forward_mfu),
         critic_forward_per_token_s=2 * critic.params / (train_flops * e.forward_mfu),
@@ -195,6 +191,28 @@ def _roofline(cfg: SimConfig) -> CostModel:
         **_groups(cfg, actor.params, critic.params),
         **_layout(cfg),
     )
+
+
+def _prefill_terms(cfg: SimConfig, model: ModelShape, tp: int) -> dict:
+    """A streaming actor's prefill of `model` over `tp` devices: its memory floor, 2 N flops a new
+    token and 4 L d a query-key pair."""
+    hw, e = cfg.hardware, cfg.efficiency
+    flops = tp * hw.peak_bf16_flops * e.prefill_mfu
+    return dict(prefill_weights_read_s=model.weight_bytes / (tp * hw.hbm_bytes_per_s * e.decode_bandwidth),
+                prefill_per_token_s=2 * model.params / flops,
+                prefill_per_pair_s=4 * model.layers * model.hidden / flops)
+
+
+def reference_actors(cfg: SimConfig, costs: CostModel) -> CostModel:
+    """OPPO's streaming reference actors (`streaming.reference_actors`) as reward servers of the
+    reference's shape: the streaming reward actor's `prefill_s`, with the actor's shape on one device
+    (no tensor parallelism), one actor a `split.reference_gpus` device or, with 0, one beside each
+    engine (a prefill pauses it). The log-softmax over the vocabulary is left out (the LM head's
+    matmul is in 2 N)."""
+    s, e = cfg.split, cfg.efficiency
+    return replace(costs, scorers=s.nodes * s.reference_gpus or costs.engines, scorer_on_engines=not s.reference_gpus,
+                   prefill_call_s=e.forward_overhead_s, prefill_per_chunk_s=e.chunk_overhead_s,
+                   **_prefill_terms(cfg, cfg.actor, 1))
 
 
 def _groups(cfg: SimConfig, actor_params: int, critic_params: int) -> dict:

@@ -238,8 +238,9 @@ class Scorer:
 
     def __init__(self, loop: EventLoop, costs: CostModel, recorder: Recorder, rollout: Rollout,
                  on_done: Callable[[list, float], None], max_call_tokens: int = 65536,
-                 max_call_chunks: int = 0) -> None:
+                 max_call_chunks: int = 0, role: str = "reward") -> None:
         self.loop = loop
+        self.role = role  # the timeline's role: "reward", or "ref" for OPPO's streaming reference actors
         self.costs = costs
         self.recorder = recorder
         self.rollout = rollout
@@ -286,7 +287,7 @@ class Scorer:
         self.active[q] = False
         self.busy[q].append((t0_s, now_s))
         stage = "score" if all(it[3] for it in items) else "prefill"
-        self.recorder.span("reward", q, stage, t0_s, now_s, tokens=sum(it[2] - it[1] for it in items))
+        self.recorder.span(self.role, q, stage, t0_s, now_s, tokens=sum(it[2] - it[1] for it in items))
         if self.costs.scorer_on_engines:
             self.rollout.resume(now_s, [q % len(self.rollout.engines)])
         self.on_done(items, now_s)

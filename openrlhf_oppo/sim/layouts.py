@@ -14,6 +14,9 @@ The rules, from OpenRLHF 0.11.2's `cli/train_ppo_ray.py` and OPPO's integration:
                 (`split.critic_gpus`, with the reward model under `--train.colocate_critic_reward`)
                 and the reward model its own or the critic's. OPPO's streaming reward actors hold
                 the whole model on devices of their own (beside the critic: not modelled).
+    reference   OPPO's streaming reference actors (`streaming.reference_actors`) hold the whole
+                reference: beside the engines (colocated or split), or, split, on a device of their
+                own a node (`split.reference_gpus`), which only such a schedule can use.
 
 The paper's layout (colocated, the reward model on its own devices) is not one OpenRLHF's flags
 can place; a preset that names it is simulated as named, and `--best-layout` never picks it.
@@ -35,11 +38,16 @@ from openrlhf_oppo.sim.presets import SimConfig, Split
 ASYNC_BASELINES = ("async", "partial", "oversample")
 
 
-def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool = True) -> str | None:
+def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool = True,
+         ref_actors: bool = False) -> str | None:
     """Why `schedule`'s framework cannot run `split`; None when it can. `streams_reward`: OPPO
     streams chunks into the reward model (its reward group is made of streaming reward actors);
-    `critic`: the run has a critic."""
+    `critic`: the run has a critic; `ref_actors`: OPPO streams the reference into streaming
+    reference actors."""
     async_mode = schedule in ASYNC_BASELINES
+    if split.reference_gpus and not ref_actors:
+        return ("devices for streaming reference actors (split.reference_gpus) serve only OPPO streaming the "
+                "reference into them (streaming.reference and streaming.reference_actors)")
     if split.colocate and async_mode:
         return ("OpenRLHF's async modes keep vLLM on its own devices (--train.colocate_all with "
                 "--train.async_enable colocates only the DeepSpeed models)")
@@ -65,30 +73,40 @@ def streams_reward(cfg: SimConfig, schedule: str) -> bool:
     return "reward" in schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.scorers()
 
 
+def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
+    """Whether `schedule` streams the reference into OPPO's streaming reference actors."""
+    if schedule not in OPPO_SCHEDULES:
+        return False
+    streaming = schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming
+    return "reference" in streaming.scorers() and streaming.reference_actors
+
+
 def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     """`cfg` with vLLM's memory share fitted (`memory.fit_engines`), and why `schedule` cannot run
     it (empty: it can)."""
-    streams = streams_reward(cfg, schedule)
+    streams, ref = streams_reward(cfg, schedule), streams_reference_actors(cfg, schedule)
     # a measured preset is one shared host (cpu-longtail): where the critic sits changes no device
-    reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None)
+    reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None, ref)
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
-        cfg = memory.fit_engines(cfg)
-        reasons += memory.overflow(cfg, streams)
+        cfg = memory.fit_engines(cfg, ref)
+        reasons += memory.overflow(cfg, streams, ref)
     return cfg, reasons
 
 
-def describe(split: Split) -> str:
-    """A layout in a few words: the devices of one node."""
+def describe(split: Split, ref_actors: bool = False) -> str:
+    """A layout in a few words: the devices of one node (`ref_actors`: where the streaming reference
+    actors sit)."""
+    ref = (f" / {split.reference_gpus} ref" if split.reference_gpus else " + ref by vLLM") if ref_actors else ""
     if split.colocate:
         rm = f" + {split.score_gpus} reward" if split.score_gpus else ("" if split.reward_with_train else ", scorers")
         how = ", sleep" if split.sleep else ""
-        return f"colocated {split.generate_gpus}{rm} (TP {split.tensor_parallel}{how})"
+        return f"colocated {split.generate_gpus}{rm}{ref} (TP {split.tensor_parallel}{how})"
     train = (f"{split.train_gpus} actor / {split.critic_gpus} critic" if split.critic_gpus
              else f"{split.train_gpus} train")
     rm = f"{split.score_gpus} reward" if split.score_gpus else "reward with " + ("critic" if split.critic_gpus
                                                                                else "train")
-    return f"{split.generate_gpus} vLLM / {train} / {rm} (TP {split.tensor_parallel})"
+    return f"{split.generate_gpus} vLLM / {train} / {rm}{ref} (TP {split.tensor_parallel})"
 
 
 def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
@@ -99,30 +117,33 @@ def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
     return tps[:2] or [g]
 
 
-def candidates(cfg: SimConfig) -> list[Split]:
+def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
     """Splits of `cfg`'s nodes (one pattern a node): colocated with and without sleep, and every
     split of a node's devices into vLLM (a multiple of TP), reward (none, one or two devices; a
     streaming reward actor holds the whole model) and DeepSpeed devices, the critic's apart (about
-    half of them) or not. `rule` and the memory check then say who can run each."""
+    half of them) or not; with `ref_actors`, split layouts also with one device a node for streaming
+    reference actors (else they sit beside the engines). `rule` and the memory check then say who
+    can run each."""
     s, g = cfg.split, cfg.split.gpus_per_node
     out = []
     for tp in _tp_choices(cfg, cfg.actor.weight_bytes):
         base = dataclasses.replace(s, tensor_parallel=tp, score_tensor_parallel=1, reward_with_train=False,
-                                   critic_gpus=0)
+                                   critic_gpus=0, reference_gpus=0)
         if g % tp == 0:  # OpenRLHF's reward model among the DeepSpeed models, or OPPO's scorers beside the engines
             coloc = dataclasses.replace(base, colocate=True, generate_gpus=g, train_gpus=g, score_gpus=0)
             out += [dataclasses.replace(coloc, sleep=sleep, reward_with_train=True) for sleep in (False, True)]
             out.append(coloc)
-        for gen in range(tp, g, tp):
+        for gen, ref in ((gen, ref) for gen in range(tp, g, tp) for ref in ((0, 1) if ref_actors else (0,))):
             for score in (0, 1, 2):
-                rest = g - gen - score
+                rest = g - gen - score - ref
                 critics = sorted({0, *(c for c in (rest // 2, rest - rest // 2) if 1 <= c < rest)}
                                  if cfg.workload.critic else {0})
                 for critic in critics:
                     if rest - critic >= 1:
                         out.append(dataclasses.replace(base, colocate=False, sleep=False, generate_gpus=gen,
                                                        train_gpus=rest - critic, critic_gpus=critic,
-                                                       score_gpus=score, reward_with_train=score == 0))
+                                                       score_gpus=score, reward_with_train=score == 0,
+                                                       reference_gpus=ref))
     return out
 
 
@@ -138,17 +159,22 @@ class Searched:
 def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
     runnable: dict[str, list[SimConfig]] = {s: [] for s in schedules}
     refused = []
-    streams = {s: streams_reward(cfg, s) for s in schedules}
-    for split in candidates(cfg):
-        trial = memory.fit_engines(dataclasses.replace(cfg, split=split))
-        allowed = [s for s in schedules if rule(s, split, streams[s], cfg.workload.critic) is None]
-        for kind in sorted({streams[s] for s in allowed}):
-            over = memory.overflow(trial, kind)
-            who = [s for s in allowed if streams[s] == kind]
+    kinds = {s: (streams_reward(cfg, s), streams_reference_actors(cfg, s)) for s in schedules}
+    for split in candidates(cfg, any(ref for _, ref in kinds.values())):
+        base = dataclasses.replace(cfg, split=split)
+        allowed = [s for s in schedules if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1]) is None]
+        for kind in sorted({kinds[s] for s in allowed}):
+            trial = memory.fit_engines(base, kind[1])
+            over = memory.overflow(trial, *kind)
             if over:
-                refused.append((split, "OPPO with streaming reward actors" if kind else "OpenRLHF's reward model",
-                                over))
+                refused.append((split, _whom(*kind), over))
             else:
-                for s in who:
-                    runnable[s].append(trial)
+                runnable.update({s: [*runnable[s], trial] for s in allowed if kinds[s] == kind})
     return Searched(runnable, refused)
+
+
+def _whom(streams: bool, ref_actors: bool) -> str:
+    """For whom a layout was checked, as the refusals list says it."""
+    if not streams:
+        return "OpenRLHF's reward model" + (" and OPPO's reference actors" if ref_actors else "")
+    return "OPPO with streaming reward" + (" and reference actors" if ref_actors else " actors")

@@ -17,18 +17,25 @@ Per device (bytes), by the role's devices::
     reward devices     OPPO's streaming reward actor: the whole model (it has no tensor parallelism)
                        and its forward's working set (2 x max_batch_tokens of KV: the padded cache
                        copy and the new KV); OpenRLHF's reward model: a ZeRO-3 shard
+    reference devices  OPPO's streaming reference actors (`streaming.reference_actors`, on
+                       `split.reference_gpus` devices or beside the engines): the whole reference, its
+                       forward's working set as the reward actor's, and its KV budget (the frozen
+                       reference keeps each sequence's KV until it is trained); the training devices
+                       then hold no reference
     every device       RESERVE_BYTES: CUDA context, NCCL buffers, allocator fragmentation
 
 Colocated devices hold the engines' and the training devices' items at once (vLLM stays awake),
 or, with `split.sleep` (OpenRLHF's hybrid engine: `--vllm.enable_sleep --ds.enable_sleep`), one
 side at a time: each step then moves vLLM's weights and the DeepSpeed states over PCIe, out and
-back (`sleep_transfer_s`). A colocated layout without sleep gives vLLM what the training side
-leaves (`fit_engines`), which may hold fewer sequences.
+back (`sleep_transfer_s`). A colocated layout without sleep gives vLLM what the training side and
+the streaming actors beside the engines leave (`fit_engines`), which may hold fewer sequences; so
+does a split layout with streaming actors beside its engines.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from openrlhf_oppo.footprint import (  # one formula each, shared with the launch-time memory check
@@ -73,10 +80,11 @@ def _activations(cfg: SimConfig, m: ModelShape) -> float:
     return kept + 8 * tokens * m.vocab
 
 
-def training_items(cfg: SimConfig, group: str = "actor") -> list[tuple[str, float]]:
+def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = False) -> list[tuple[str, float]]:
     """Per device of the training devices (`group` "actor": `split.train_gpus`, every DeepSpeed
     model unless the critic has devices of its own; "critic": `split.critic_gpus`, the critic and,
-    with `split.reward_with_train`, the reward model)."""
+    with `split.reward_with_train`, the reward model). `ref_actors`: streaming reference actors hold
+    the reference, the training devices do not."""
     s, w, actor = cfg.split, cfg.workload, cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
@@ -85,7 +93,7 @@ def training_items(cfg: SimConfig, group: str = "actor") -> list[tuple[str, floa
     items = []
     if group == "actor":
         items.append(("actor ZeRO-3 states", zero3_bytes(actor.params, True, n)))
-        if w.reference:
+        if w.reference and not ref_actors:
             items.append(("reference", zero3_bytes(actor.params, False, n)))
     if w.critic and (group == "critic") == apart:
         items.append(("critic ZeRO-3 states", zero3_bytes(critic.params, True, n)))
@@ -116,21 +124,54 @@ def scorer_items(cfg: SimConfig, streams: bool) -> list[tuple[str, float]]:
     return [("reward model", zero3_bytes(reward.params, False, s.nodes * max(1, s.score_gpus)))]
 
 
+def reference_actor_count(cfg: SimConfig) -> int:
+    """Streaming reference actors: one a `split.reference_gpus` device, or one beside each engine."""
+    s = cfg.split
+    return s.nodes * s.reference_gpus or s.nodes * s.generate_gpus // s.tensor_parallel
+
+
+def reference_kv_budget_tokens(cfg: SimConfig) -> int:
+    """The KV a streaming reference actor keeps (tokens): its share of the sequences in flight,
+    (B + Δ max) x n, each at prompt + mean response (capped). The reference is frozen, so a carried
+    sample's KV stays until the sample is trained (an estimate: the simulator does not track it)."""
+    w, ln = cfg.workload, cfg.lengths
+    seqs = math.ceil((w.batch_groups + cfg.oppo.delta.max) * w.samples_per_group / reference_actor_count(cfg))
+    return seqs * math.ceil(ln.prompt_tokens + min(ln.mean_tokens, ln.cap_tokens))
+
+
+def reference_actor_items(cfg: SimConfig) -> list[tuple[str, float]]:
+    """A streaming reference actor's device: the whole reference (the actor's shape; no tensor
+    parallelism), its forward's KV copies as the reward actor's, and its KV budget."""
+    kv = cfg.actor.kv_bytes_per_token
+    return [("streaming reference actor", cfg.actor.weight_bytes), ("its forward", 2 * STREAM_MAX_BATCH_TOKENS * kv),
+            ("its KV budget", reference_kv_budget_tokens(cfg) * kv)]
+
+
 def _scorers_on_engines(s) -> bool:
     return s.score_gpus == 0 and not s.reward_with_train
+
+
+def _beside_engines(cfg: SimConfig, ref_actors: bool) -> list[tuple[str, float]]:
+    """Streaming actors on an engine's device: the reward actor without devices of its own, the
+    reference actor with `ref_actors` and no `split.reference_gpus`."""
+    s = cfg.split
+    items = scorer_items(cfg, True) if _scorers_on_engines(s) else []
+    if ref_actors and not s.reference_gpus:
+        items += reference_actor_items(cfg)
+    return items
 
 
 def _load(items: list[tuple[str, float]]) -> float:
     return sum(b for _, b in items)
 
 
-def plan(cfg: SimConfig, streams: bool = False) -> list[DeviceUse]:
+def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) -> list[DeviceUse]:
     """What each kind of device holds (requires `hardware` and `actor`); `streams`: the schedule
-    streams into OPPO's reward actors."""
+    streams into OPPO's reward actors; `ref_actors`: into OPPO's streaming reference actors."""
     s, cap = cfg.split, cfg.hardware.hbm_bytes
     reserve = [("reserve", RESERVE_BYTES)]
-    train, engines = training_items(cfg), engine_items(cfg)
-    on_engines = scorer_items(cfg, True) if _scorers_on_engines(s) else []
+    train, engines = training_items(cfg, ref_actors=ref_actors), engine_items(cfg)
+    on_engines = _beside_engines(cfg, ref_actors)
     out = []
     if s.colocate:
         if s.sleep:  # one side at a time: the larger must fit
@@ -145,13 +186,16 @@ def plan(cfg: SimConfig, streams: bool = False) -> list[DeviceUse]:
         out.append(DeviceUse("engine", tuple(engines + on_engines + reserve), cap))
     if s.score_gpus:
         out.append(DeviceUse("reward", tuple(scorer_items(cfg, streams) + reserve), cap))
+    if ref_actors and s.reference_gpus:
+        out.append(DeviceUse("reference", tuple(reference_actor_items(cfg) + reserve), cap))
     return out
 
 
-def overflow(cfg: SimConfig, streams: bool = False) -> list[str]:
+def overflow(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) -> list[str]:
     """The devices that do not fit, each described; empty when the layout fits. Also an engine whose
     KV cache cannot hold one full-length sequence (vLLM refuses to start)."""
-    msgs = [f"{u.describe()}: over by {(u.total - u.capacity) / GB:.1f} GB" for u in plan(cfg, streams) if not u.fits]
+    msgs = [f"{u.describe()}: over by {(u.total - u.capacity) / GB:.1f} GB"
+            for u in plan(cfg, streams, ref_actors) if not u.fits]
     kv = dict(engine_items(cfg))["vLLM KV cache"]
     ln = cfg.lengths
     need = cfg.actor.kv_bytes_per_token / cfg.split.tensor_parallel * (ln.prompt_tokens + ln.cap_tokens)
@@ -161,17 +205,17 @@ def overflow(cfg: SimConfig, streams: bool = False) -> list[str]:
     return msgs
 
 
-def fit_engines(cfg: SimConfig) -> SimConfig:
-    """A colocated layout with vLLM awake: vLLM's share (`workload.kv_cache_fraction`) lowered to
-    what the training side, the streaming reward actors beside the engines and the reserve leave,
-    never raised; other layouts as given."""
+def fit_engines(cfg: SimConfig, ref_actors: bool = False) -> SimConfig:
+    """vLLM's share (`workload.kv_cache_fraction`) lowered to what the other items on its devices and
+    the reserve leave, never raised: colocated with vLLM awake, the training side and the streaming
+    actors beside the engines; split, those actors (`ref_actors`: the reference actors among them).
+    Other layouts as given."""
     s = cfg.split
-    if not s.colocate or s.sleep:
+    beside = _load(_beside_engines(cfg, ref_actors))
+    if s.sleep or not (s.colocate or beside):
         return cfg
     cap = cfg.hardware.hbm_bytes
-    others = _load(training_items(cfg)) + RESERVE_BYTES
-    if _scorers_on_engines(s):
-        others += _load(scorer_items(cfg, True))
+    others = beside + RESERVE_BYTES + (_load(training_items(cfg, ref_actors=ref_actors)) if s.colocate else 0.0)
     share = min(cfg.workload.kv_cache_fraction, max(0.0, (cap - others) / cap))
     return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, kv_cache_fraction=share))
 

@@ -73,7 +73,7 @@ def best_layouts(cfg: SimConfig, schedules: tuple[str, ...]) -> tuple[Simulated,
             sim.refused[s] = ["no layout of these GPUs that its framework can run fits"]
             continue
         scores.sort(key=lambda x: x[0])
-        tried[s] = [(layouts.describe(t.split), m) for m, t in scores]
+        tried[s] = [(layouts.describe(t.split, layouts.streams_reference_actors(cfg, s)), m) for m, t in scores]
         _run(sim, s, scores[0][1])
     return sim, tried, space
 
@@ -87,10 +87,11 @@ def print_layouts(sim: Simulated, tried: dict[str, list[tuple[str, float]]] | No
         extra = ""
         if tried and len(tried[s]) > 1:
             extra = f"  {tried[s][1][0]} {tried[s][1][1]:.2f} s (of {len(tried[s])} layouts)"
-        print(f"{s:<11} {layouts.describe(c.split):<44} {share:>8}{extra}")
+        print(f"{s:<11} {layouts.describe(c.split, layouts.streams_reference_actors(c, s)):<44} {share:>8}{extra}")
     for s, reasons in sim.refused.items():
         print(f"{s:<11} not simulated: " + "; ".join(reasons))
-    print("vLLM mem: its gpu_memory_utilization (colocated without sleep: what training leaves it)")
+    print("vLLM mem: its gpu_memory_utilization (colocated without sleep: what training leaves it; beside "
+          "streaming actors: what they leave)")
 
 
 def trained_tokens_per_s(result: RunResult, warmup_steps: int) -> float | None:

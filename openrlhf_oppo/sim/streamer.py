@@ -1,6 +1,7 @@
-"""Streamed make_experience forwards on the training devices: OPPO's `streaming.reference` (the
-reference model's log-probs) and `streaming.critic` (the critic's values and the actor's old
-log-probs, the forwards of the weights being trained).
+"""Streamed make_experience forwards: OPPO's `streaming.reference` (the reference model's
+log-probs) and `streaming.critic` (the critic's values and the actor's old log-probs, the forwards
+of the weights being trained) on the training devices (`TrainStreamer`), or the reference on
+streaming reference actors of its own (`ReferenceActors`, `streaming.reference_actors`).
 
 The training devices hold the reference, critic and actor. While they neither make experience
 nor train (in a disaggregated layout: while the engines generate) they prefill chunks as the
@@ -17,6 +18,9 @@ across versions (`recomputed_tokens`).
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from openrlhf_oppo.sim import costs as cost_model
+from openrlhf_oppo.sim.engine import Scorer
 
 TRAIN_STREAMED = ("reference", "critic")  # the scorer names the training devices stream
 
@@ -92,4 +96,42 @@ class TrainStreamer:
         tokens = sum(p + n for sid, n in zip(sample_ids, lengths, strict=True)
                      if self.version_of.pop(sid, now) < now)
         self.recomputed_tokens += tokens
+        return tokens
+
+
+class ReferenceActors:
+    """OPPO's streaming reference actors (`streaming.reference_actors`): the reference held whole,
+    on `split.reference_gpus` devices or beside the engines, as the streaming reward actors hold the
+    reward model, and costed as they are (a `Scorer` with the reference's shape:
+    `costs.reference_actors`). A sample's chunks go to one actor, each chunk prefilled once on the
+    KV cached before it; the reference is frozen, so a carried sample's cache stays valid across
+    weight syncs and nothing is recomputed. make_experience then forwards the reference only over
+    the samples not streamed whole (`left`)."""
+
+    def __init__(self, world, on_done: Callable[[list, float], None]) -> None:
+        self.world = world
+        self.on_done = on_done
+        costs = cost_model.reference_actors(world.cfg, world.costs)
+        self.scorer = Scorer(world.loop, costs, world.recorder, world.rollout, self._done,
+                             max_call_chunks=world.cfg.workload.score_chunks_per_call, role="ref")
+        self.streamed: set[int] = set()  # samples whose every token the reference actors have prefilled
+        self.prefilled_tokens: dict[int, int] = {}  # sample -> tokens prefilled (its prompt with its first chunk)
+
+    def submit(self, items: list[tuple], now_s: float) -> None:
+        """items: (sample_id, start, end, final, prefix_tokens), as the reward servers get them."""
+        self.scorer.submit(items, now_s)
+
+    def _done(self, items: list[tuple], now_s: float) -> None:
+        for it in items:
+            self.prefilled_tokens[it[0]] = self.prefilled_tokens.get(it[0], 0) + _new_tokens(it)
+            if it[3]:
+                self.streamed.add(it[0])
+        self.on_done(items, now_s)
+
+    def left(self, sample_ids: list[int], lengths: list[int]) -> int:
+        """Tokens make_experience's one-shot reference forward still takes for this batch: the
+        samples not streamed whole, prompt and response."""
+        p = self.world.cfg.lengths.prompt_tokens
+        tokens = sum(p + n for sid, n in zip(sample_ids, lengths, strict=True) if sid not in self.streamed)
+        self.streamed.difference_update(sample_ids)
         return tokens

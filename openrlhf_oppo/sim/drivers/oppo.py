@@ -32,7 +32,7 @@ from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
-from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, TrainStreamer
+from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, ReferenceActors, TrainStreamer
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 _ZEROS = array("i", bytes(4 * 4096))  # token ids do not matter to the scheduler
@@ -62,7 +62,11 @@ class OppoDriver(World):
         self.sched = OverlapScheduler(oppo, batch_groups=w.batch_groups, samples_per_group=w.samples_per_group)
         self.streaming = bool(self.sched.scorers)
         self.reward_streamed = "reward" in self.sched.scorers
-        on_train = tuple(n for n in self.sched.scorers if n in TRAIN_STREAMED)
+        self.ref_actors = None  # OPPO's streaming reference actors (sim.streamer), if the reference streams there
+        if "reference" in self.sched.scorers and oppo.streaming.reference_actors:
+            self.ref_actors = ReferenceActors(self, self.on_ref_streamed)
+        on_train = tuple(n for n in self.sched.scorers
+                         if n in TRAIN_STREAMED and not (n == "reference" and self.ref_actors is not None))
         if on_train:
             self.streamer = TrainStreamer(self, on_train, self.on_streamed)
         self.async_admission = oppo.staleness.max_policy_lag >= 1
@@ -77,7 +81,11 @@ class OppoDriver(World):
     def run(self) -> OppoRunResult:
         self.loop.at(0.0, self.first_step)
         self.loop.run(lambda: len(self.records) >= self.cfg.workload.steps)
-        fields = {**vars(self.result(self.name)), "admitted_groups": self.sched.admitted_groups_total,
+        result = self.result(self.name)
+        if self.ref_actors is not None:
+            result.busy["ref"] = [iv for q in self.ref_actors.scorer.busy for iv in q]
+            result.devices["ref"] = len(self.ref_actors.scorer.busy)
+        fields = {**vars(result), "admitted_groups": self.sched.admitted_groups_total,
                   "held_groups": self.sched.in_flight_groups,
                   "trained_group_ids": [row[0] for row in self.sched.ledger]}
         return OppoRunResult(**fields, reports=self.reports)
@@ -135,6 +143,8 @@ class OppoDriver(World):
                 self.scorer.submit(items, now_s)
             if self.streamer is not None:
                 self.streamer.submit(items, now_s)
+            if self.ref_actors is not None:
+                self.ref_actors.submit(items, now_s)
 
     def flush(self, now_s: float) -> None:
         """Hand every decoded token to the scheduler (before a version change or a new C)."""
@@ -146,6 +156,9 @@ class OppoDriver(World):
 
     def on_streamed(self, items: list[tuple], now_s: float) -> None:
         self._ack(self.streamer.names, items, now_s)
+
+    def on_ref_streamed(self, items: list[tuple], now_s: float) -> None:
+        self._ack(("reference",), items, now_s)
 
     def _ack(self, names: tuple[str, ...], items: list[tuple], now_s: float) -> None:
         for name in names:
@@ -180,11 +193,15 @@ class OppoDriver(World):
 
     def _left(self, ids: list[int], lengths: list[int]) -> dict[str, int] | None:
         """Streamed make_experience stages -> tokens still to forward (a carried sample's
-        values and old log-probs again, whole, under the weights the step trains from)."""
+        values and old log-probs again, whole, under the weights the step trains from; the
+        reference over the samples its actors did not stream whole)."""
+        w = self.cfg.workload
+        left = {"ref_logprobs": self.ref_actors.left(ids, lengths)} if self.ref_actors and w.reference else {}
         if self.streamer is None:
-            return None
-        w, names = self.cfg.workload, self.streamer.names
-        left = {"ref_logprobs": 0} if "reference" in names and w.reference else {}
+            return left or None
+        names = self.streamer.names
+        if "reference" in names and w.reference:
+            left["ref_logprobs"] = 0
         if "critic" in names:
             again = self.streamer.recompute(ids, lengths)
             left.update({"old_logprobs": again, **({"values": again} if w.critic else {})})

@@ -123,13 +123,17 @@ class Split:
     reward_with_train: bool = _f(False, "The reward model is one of the DeepSpeed models on the training devices "
                                         "(OpenRLHF's colocated models): its forward runs in make_experience, after "
                                         "the others (needs score_gpus 0).")
-
+    reference_gpus: int = _f(0, "Devices per node of OPPO's streaming reference actors "
+                                "(`streaming.reference_actors`), each holding the whole reference model; 0: one "
+                                "beside each engine (a prefill pauses its engine). Only a schedule that streams "
+                                "into them can use devices of their own.")
 
     @property
     def devices_used(self) -> int:
         """Devices of a node the split uses: vLLM's and the reward model's, and the DeepSpeed models'
         unless they share vLLM's."""
-        return self.generate_gpus + self.score_gpus + (0 if self.colocate else self.train_gpus + self.critic_gpus)
+        return (self.generate_gpus + self.score_gpus + self.reference_gpus
+                + (0 if self.colocate else self.train_gpus + self.critic_gpus))
 
 
 @dataclass(frozen=True)
@@ -357,10 +361,14 @@ def validate(cfg: SimConfig) -> None:
              "shares the devices)", s.critic_gpus)
     _require(w.critic or not s.critic_gpus, "split.critic_gpus", "0 without a critic (workload.critic false)",
              s.critic_gpus)
+    _require(s.reference_gpus >= 0, "split.reference_gpus", ">= 0", s.reference_gpus)
+    _require(not cfg.oppo.streaming.reference_actors or (cfg.hardware is not None and cfg.actor is not None),
+             "streaming.reference_actors", "false unless hardware and actor are set (the reference actors' "
+             "costs and memory are the roofline's)", cfg.oppo.streaming.reference_actors)
     gpus = s.devices_used
     if cfg.hardware is not None:
-        _require(gpus <= s.gpus_per_node, "split", f"generate + score (+ train + critic unless colocated) <= "
-                 f"split.gpus_per_node ({s.gpus_per_node})", gpus)
+        _require(gpus <= s.gpus_per_node, "split", f"generate + score + reference (+ train + critic unless "
+                 f"colocated) <= split.gpus_per_node ({s.gpus_per_node})", gpus)
     measured = cfg.costs.measured_decode
     reward_ok = cfg.reward is not None or not w.reward_model  # a rule reward needs no reward shape
     _require(measured or (cfg.hardware is not None and cfg.actor is not None and reward_ok),
