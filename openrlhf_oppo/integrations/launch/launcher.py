@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -144,6 +145,7 @@ def launch(
     entry_module: str = TRAIN_MODULE,
     fresh: bool = True,
     graceful_stop: bool = False,
+    verbose: bool = True,
 ) -> RunResult:
     """Run the child to its end. ``fresh``: clear the per-run logs first (a restart
     appends to them). On SIGTERM/SIGINT: with ``graceful_stop`` (OPPO schedules) the
@@ -188,7 +190,10 @@ def launch(
         log_file.flush()
         # the child writes to RUN_DIR/train.log (it outlives this process if need be) and a
         # thread copies what it writes to this process's stdout
-        echo = _Follower(paths.log, log_file.tell())
+        echo = _Follower(paths.log, log_file.tell(), keep=None if verbose else quiet_line)
+        if not verbose:
+            _log(f"Ray's, vLLM's and OpenRLHF's output goes to {paths.log}; here: OPPO's progress, warnings and "
+                 "errors (--verbose shows everything)")
         child = subprocess.Popen(argv, env=env, start_new_session=True, stdout=log_file, stderr=subprocess.STDOUT)
         echo.start()
         previous = _handle_signals(on_signal)
@@ -210,14 +215,32 @@ def launch(
                      stopped_by=stopped_by[0] if stopped_by else None)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_PREFIX = re.compile(r"^(\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s*)+")  # "(ActorName pid=12) (Worker pid=13) "
+_TROUBLE = re.compile(r"Traceback|Error\b|Exception\b|^\s*File \"|\bERROR\b|Killed|FAILED|error:")
+
+
+def quiet_line(line: str) -> str | None:
+    """What a quiet run shows of one line of its log: this package's lines (the launcher's, and the
+    `OPPO` progress bar and messages of the Ray actors, a progress bar's last redraw only) and
+    errors; None for the rest (Ray's, vLLM's and OpenRLHF's INFO and warnings, their metric dicts
+    and progress bars), which stays in train.log."""
+    line = line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
+    message = _RAY_PREFIX.sub("", _ANSI.sub("", line))
+    if message.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(message):
+        return line
+    return None
+
+
 class _Follower:
     """Copies what is appended to a file from `offset` on to stdout, from a thread, until
-    `stop` (which copies the rest)."""
+    `stop` (which copies the rest); with `keep`, line by line what `keep` returns."""
 
-    def __init__(self, path: Path, offset: int, poll_s: float = 0.2):
+    def __init__(self, path: Path, offset: int, poll_s: float = 0.2, keep=None):
         import threading
 
-        self.path, self.offset, self.poll_s = path, offset, poll_s
+        self.path, self.offset, self.poll_s, self.keep = path, offset, poll_s, keep
+        self._pending = ""  # with `keep`: the start of a line not yet ended
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="train.log", daemon=True)
 
@@ -237,13 +260,23 @@ class _Follower:
             while True:
                 done = self._done.is_set()  # read once more after stop: nothing is left behind
                 data = f.read()
-                if data:
-                    sys.stdout.write(text.decode(data))
-                    sys.stdout.flush()
+                if data or done:
+                    self._write(text.decode(data, final=done), done)
                 if done:
                     return
                 if not data:
                     self._done.wait(self.poll_s)
+
+
+    def _write(self, chunk: str, done: bool) -> None:
+        if self.keep is None:
+            sys.stdout.write(chunk)
+        else:
+            lines = (self._pending + chunk).split("\n")
+            self._pending = "" if done else lines.pop()
+            shown = [kept for kept in map(self.keep, lines) if kept is not None]
+            sys.stdout.write("".join(f"{kept}\n" for kept in shown))
+        sys.stdout.flush()
 
 
 def _handle_signals(handler) -> dict:

@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restarts", type=int, default=0,
                    help="after a crash, relaunch this many times from the last checkpoint (--ckpt.load_enable; "
                         "set --ckpt.save_steps). A stop asked by SIGTERM/SIGINT or --timeout-s is not restarted")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's, vLLM's and OpenRLHF's output here too (it always goes to RUN_DIR/train.log)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
     return p
 
@@ -123,7 +125,7 @@ def _launch(args: argparse.Namespace, plan: _Plan, paths, probe_ids: list[int] |
     for attempt in range(args.restarts + 1):
         result = launcher.launch(
             plan.flags, paths, extra, probe_ids, timeout_s=args.timeout_s,
-            entry_module=entry_module, fresh=attempt == 0, graceful_stop=plan.oppo,
+            entry_module=entry_module, fresh=attempt == 0, graceful_stop=plan.oppo, verbose=args.verbose,
         )
         if result.returncode in (0, launcher.TIMEOUT_RETURNCODE) or result.stopped_by or attempt == args.restarts:
             break

@@ -41,3 +41,32 @@ def test_a_restart_appends_to_the_log_and_a_fresh_run_starts_it_anew(tmp_path, m
     assert result.paths.log.read_text().count("ValueError: bad row 7") == 2
     result = _launch(tmp_path, monkeypatch, fresh=True)
     assert result.paths.log.read_text().count("ValueError: bad row 7") == 1
+
+
+RUN_LOG = [  # as OpenRLHF's Ray pipeline writes train.log (colours, actor prefixes, tqdm redraws)
+    "openrlhf-oppo train: input checks: 256 rows in 1 file(s)",
+    "\x1b[36m(OppoRolloutActor pid=2336)\x1b[0m INFO 11-26 06:42:16 [model.py:684] Resolved architecture",
+    "\x1b[36m(OppoRolloutActor pid=2336)\x1b[0m (Worker pid=2693) WARNING 11-26 [cpu_worker.py:127] libtcmalloc",
+    "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m INFO ppo_trainer.py:551] ✨ Global step 4: {'critic_loss': 0.005}",
+    "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m OPPO: 1step [00:23, 23.25s/step]\rOPPO: 1step [00:23, reward=0.008]",
+    "\x1b[36m(PolicyModelActor pid=3157)\x1b[0m Train epoch [1/1]:   0%|          | 0/2 [00:00<?, ?it/s]",
+    "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m Traceback (most recent call last):",
+    '\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m   File "generator.py", line 7, in step',
+    "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m RuntimeError: OPPO step 3: sample 9 failed",
+]
+
+
+def test_a_quiet_run_shows_oppos_lines_and_errors_and_keeps_the_rest_in_the_log():
+    shown = [launcher.quiet_line(line) for line in RUN_LOG]
+    assert [i for i, line in enumerate(shown) if line is not None] == [0, 4, 6, 7, 8]
+    assert shown[4] == "OPPO: 1step [00:23, reward=0.008]"  # a progress bar's last redraw
+
+
+def test_the_quiet_follower_shows_whole_lines_only_and_the_last_one_at_the_end(tmp_path, capsys):
+    log = tmp_path / "train.log"
+    log.write_text("")
+    follower = launcher._Follower(log, 0, poll_s=0.01, keep=launcher.quiet_line)
+    follower._write("INFO noise\nOPPO: 1st", done=False)
+    assert capsys.readouterr().out == ""  # the progress line has not ended yet
+    follower._write("ep\nWARNING noise\nValueError: bad row", done=True)
+    assert capsys.readouterr().out == "OPPO: 1step\nValueError: bad row\n"
