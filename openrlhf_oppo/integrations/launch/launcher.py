@@ -224,11 +224,11 @@ def quiet_line(line: str) -> str | None:
     """What a quiet run shows of one line of its log: this package's lines (the launcher's, and the
     `OPPO` progress bar and messages of the Ray actors, a progress bar's last redraw only) and
     errors; None for the rest (Ray's, vLLM's and OpenRLHF's INFO and warnings, their metric dicts
-    and progress bars), which stays in train.log."""
-    line = line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
-    message = _RAY_PREFIX.sub("", _ANSI.sub("", line))
-    if message.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(message):
-        return line
+    and progress bars), which stays in train.log. Progress bars redraw with carriage returns
+    (OpenRLHF's may share OPPO's line): the last redraw worth showing."""
+    for part in reversed(_RAY_PREFIX.sub("", _ANSI.sub("", line)).split("\r")):
+        if part.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(part):
+            return part
     return None
 
 

@@ -124,8 +124,8 @@ class StepMeter:
             self.finished_s.pop(sid, None)
 
     def show(self, report: StepReport, mean_reward: float) -> None:
-        self.progress.update()
-        self.progress.set_postfix(
+        self.progress.set_postfix(  # drawn by the update: one line a step in a log
             reward=f"{mean_reward:.3f}", delta=report.delta, C=report.chunk_size_tokens,
-            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{self.clock() - self.started_s:.1f}",
+            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{self.clock() - self.started_s:.1f}", refresh=False,
         )
+        self.progress.update()

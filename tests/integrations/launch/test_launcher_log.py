@@ -48,7 +48,8 @@ RUN_LOG = [  # as OpenRLHF's Ray pipeline writes train.log (colours, actor prefi
     "\x1b[36m(OppoRolloutActor pid=2336)\x1b[0m INFO 11-26 06:42:16 [model.py:684] Resolved architecture",
     "\x1b[36m(OppoRolloutActor pid=2336)\x1b[0m (Worker pid=2693) WARNING 11-26 [cpu_worker.py:127] libtcmalloc",
     "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m INFO ppo_trainer.py:551] ✨ Global step 4: {'critic_loss': 0.005}",
-    "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m OPPO: 1step [00:23, 23.25s/step]\rOPPO: 1step [00:23, reward=0.008]",
+    "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m \rOPPO: 4step [00:23, 23.25s/step]\rOPPO: 4step [00:23, reward=0.008]"
+    "\rEpisode [1/1]: 100%|##########| 16/16",
     "\x1b[36m(PolicyModelActor pid=3157)\x1b[0m Train epoch [1/1]:   0%|          | 0/2 [00:00<?, ?it/s]",
     "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m Traceback (most recent call last):",
     '\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m   File "generator.py", line 7, in step',
@@ -59,7 +60,8 @@ RUN_LOG = [  # as OpenRLHF's Ray pipeline writes train.log (colours, actor prefi
 def test_a_quiet_run_shows_oppos_lines_and_errors_and_keeps_the_rest_in_the_log():
     shown = [launcher.quiet_line(line) for line in RUN_LOG]
     assert [i for i, line in enumerate(shown) if line is not None] == [0, 4, 6, 7, 8]
-    assert shown[4] == "OPPO: 1step [00:23, reward=0.008]"  # a progress bar's last redraw
+    assert shown[4] == "OPPO: 4step [00:23, reward=0.008]"  # OPPO's bar's last redraw, not OpenRLHF's after it
+    assert shown[8] == "RuntimeError: OPPO step 3: sample 9 failed"  # without the actor's colours and prefix
 
 
 def test_the_quiet_follower_shows_whole_lines_only_and_the_last_one_at_the_end(tmp_path, capsys):
