@@ -116,6 +116,24 @@ class CostModel:
         return self.train_per_token_s * tokens + dict(self.fixed_stage_s).get("train", 0.0)
 
 
+def shared_phase_s(compute_s: float, other_s: float, decoding_s: float, slowdown: float) -> float:
+    """A phase's seconds on a host it shares with decoding engines: its compute (`compute_s` alone)
+    runs ``1 + (slowdown - 1) * f`` slower, ``f`` the share of the phase during which some response
+    decodes; decoding goes on for `decoding_s` from the phase's start; `other_s` (overheads) is not
+    slowed. With ``k = slowdown - 1`` and ``d = decoding_s`` the span T solves
+    ``T = other + compute * (1 + k * min(d, T) / T)``: ``other + compute * (1 + k)`` when d covers
+    it, else the positive root of ``T^2 - (other + compute) T - k compute d = 0``. The model
+    `simulate calibrate` fits (`fitting.fit_phases`)."""
+    k, d = slowdown - 1.0, max(0.0, decoding_s)
+    whole = other_s + compute_s * (1.0 + k)
+    if k <= 0.0 or d <= 0.0:
+        return other_s + compute_s
+    if d >= whole:
+        return whole
+    base = other_s + compute_s
+    return (base + math.sqrt(base * base + 4.0 * k * compute_s * d)) / 2.0
+
+
 def build(cfg: SimConfig) -> CostModel:
     """The cost model of a preset: the roofline, with every measured cost in `cfg.costs` replacing its term."""
     base = _roofline(cfg) if cfg.hardware is not None and cfg.actor is not None else _measured_only(cfg)

@@ -163,6 +163,29 @@ class Rollout:
     def decoding(self) -> bool:
         return any(e.running and not e.pauses for e in self.engines)
 
+    def drain_s(self, incoming: list[Request]) -> float:
+        """Seconds until every engine has decoded what it holds and `incoming` (requests about to
+        be admitted, least-loaded first as `admit` sends them), at the current factor with no
+        pause and nothing else admitted: when the host stops decoding, if nothing changes."""
+        queues = [list(e.running) + list(e.waiting) for e in self.engines]
+        for r in incoming:
+            min(queues, key=len).append(r)
+        return max((self._drain_one([(r.target_tokens - r.done, r.prompt_tokens + r.done) for r in q])
+                    for q in queues if q), default=0.0)
+
+    def _drain_one(self, todo: list[tuple[int, int]]) -> float:
+        """One engine's decode of responses given as (tokens to go, context tokens), in closed form
+        between finishes, at most `seqs_per_engine` at once (the rest wait, in order)."""
+        cap = self.costs.seqs_per_engine
+        running, waiting, t = todo[:cap], todo[cap:], 0.0
+        while running:
+            k = max(1, min(left for left, _ in running))
+            t += self.costs.decode_run_s(len(running), sum(ctx for _, ctx in running), k) * self.factor
+            running = [(left - k, ctx + k) for left, ctx in running if left > k]
+            while waiting and len(running) < cap:
+                running.append(waiting.pop(0))
+        return t
+
     # -------------------------------------------------------------------- internals
 
     def _which(self, engines: list[int] | None) -> range | list[int]:

@@ -177,6 +177,30 @@ def sampled(runs: dict[Path, dict], preset: str, sets: list[str], seeds: int) ->
             for s in sorted({schedule_of(r) for r in runs})}
 
 
+def leave_one_out(runs: dict[Path, dict], base: str, sets: list[str], tmp: Path,
+                  warmup_steps: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Per schedule S: `simulate calibrate` on every other schedule's runs (S's data unseen), then
+    S's runs replayed with that preset. Returns ({S: simulated mean step s per run}, {S: the
+    train_slowdown_shared fitted without S})."""
+    from openrlhf_oppo.sim import calibrate
+
+    base_cfg = presets.load_preset(base, sets)
+    prompt_tokens = base_cfg.lengths.prompt_tokens
+    out: dict[str, list[float]] = {}
+    slowdowns: dict[str, float] = {}
+    for held in sorted({schedule_of(r) for r in runs}):
+        seen = [r for r in runs if schedule_of(r) != held]
+        if not seen:
+            raise ValueError("--leave-one-out needs runs of at least two schedules")
+        found = calibrate.calibrate(seen, base_cfg, prompt_tokens, warmup_steps)
+        preset = tmp / f"without-{held}.yaml"
+        calibrate.write_preset(preset, found, base, seen, prompt_tokens)
+        slowdowns[held] = found["efficiency"]["train_slowdown_shared"]
+        unseen = {r: s for r, s in runs.items() if schedule_of(r) == held}
+        out.update(replayed(unseen, str(preset), sets, tmp))
+    return out, slowdowns
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="openrlhf-oppo simulate validate", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="runs named <schedule>-<repeat>")
@@ -188,6 +212,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--warmup-steps", type=int, default=2, help="steps left out, as `bench schedules --warmup-steps`")
     p.add_argument("--output", type=Path, default=None,
                    help="write each replayed run's simulated timeline to OUTPUT/<run name>/ (for `plot compare`)")
+    p.add_argument("--leave-one-out", action="store_true",
+                   help="also: each schedule replayed with a preset calibrated on the other schedules' runs only")
     args = p.parse_args(argv)
     if args.warmup_steps < 1:
         p.error(f"--warmup-steps must be >= 1, got {args.warmup_steps}")
@@ -202,6 +228,8 @@ def main(argv: list[str]) -> int:
         measured.setdefault(schedule_of(run), []).append(summary["mean_step_s"])
     with tempfile.TemporaryDirectory() as tmp:
         replay = compare(measured, replayed(runs, args.preset, sets, Path(tmp), args.output), args.tolerance)
+        held_out = leave_one_out(runs, args.preset, sets, Path(tmp), args.warmup_steps) \
+            if args.leave_one_out else None
     drawn = sampled(runs, args.preset, sets, args.seeds)
     prediction = compare(measured, drawn, args.tolerance)
     print_validation(replay, f"replay: each measured run's own response lengths (preset {args.preset}; "
@@ -209,4 +237,10 @@ def main(argv: list[str]) -> int:
     print()
     print_validation(prediction, f"prediction: lengths drawn from the preset's distribution "
                                  f"({len(next(iter(drawn.values())))} seeds a schedule)", "preset lengths")
+    if held_out is not None:
+        print()
+        print_validation(compare(measured, held_out[0], args.tolerance),
+                         "leave one schedule out: each schedule replayed with a preset calibrated on the others' runs "
+                         "(train_slowdown_shared fitted without it: "
+                         + ", ".join(f"{s} {k:.2f}" for s, k in held_out[1].items()) + ")", "held out")
     return 0 if replay.passed else 1

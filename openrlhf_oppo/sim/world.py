@@ -23,7 +23,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from openrlhf_oppo.sim.costs import CostModel
+from openrlhf_oppo.sim.costs import CostModel, shared_phase_s
 from openrlhf_oppo.sim.engine import EventLoop, Recorder, Request, Rollout, Scorer
 from openrlhf_oppo.sim.lengths import LengthSampler
 from openrlhf_oppo.sim.presets import SimConfig
@@ -82,6 +82,7 @@ class World:
         self.decoded_at: list[tuple[float, int]] = []
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
+        self._issued: tuple[float, list[Request]] = (-1.0, [])  # (time, requests made then): about to decode
 
     # ----------------------------------------------------------------- hooks (drivers override)
 
@@ -99,8 +100,11 @@ class World:
         while len(self._lengths) < need:
             self._lengths.append(self.sampler.sample())
         ln = self.cfg.lengths
-        return [Request(sid, ln.prompt_tokens, self._lengths[prompt_index * n + j], ln.cap_tokens)
-                for j, sid in enumerate(sample_ids)]
+        out = [Request(sid, ln.prompt_tokens, self._lengths[prompt_index * n + j], ln.cap_tokens)
+               for j, sid in enumerate(sample_ids)]
+        now = self.loop.now_s
+        self._issued = (now, (self._issued[1] if self._issued[0] == now else []) + out)
+        return out
 
     def train_tokens(self, lengths: list[int]) -> int:
         """Tokens the training devices process for these responses (padded per micro-batch without packing)."""
@@ -111,18 +115,15 @@ class World:
         return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
 
     def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
-                             score_in_experience: bool, streamed: dict[str, int] | None = None,
-                             decoding: bool | None = None) -> float:
+                             score_in_experience: bool, streamed: dict[str, int] | None = None) -> float:
         """make_experience and train from `now_s`; the end of training. Records the spans.
         `streamed`: make_experience stages streamed during generation -> the tokens still to
-        forward in them (`sim.streamer`). `decoding`: responses decode beside this step (None: an
-        engine is decoding now), so on a shared host it runs `train_slowdown_shared` slower (a
-        driver that starts a generate call at this instant says so: its requests reach the
-        engines a moment later)."""
+        forward in them (`sim.streamer`). On a shared host each phase's compute runs slower for
+        the share of it during which responses decode (`costs.shared_phase_s`)."""
         c, w = self.costs, self.cfg.workload
         tokens = self.train_tokens(lengths)
-        slow = c.train_slowdown_shared if (self.rollout.decoding() if decoding is None else decoding) else 1.0
         self._hold_engines(now_s)
+        decode_end_s = now_s + self._decoding_left_s()
         t = now_s
         streamer = self.streamer
         if streamer is not None:  # a streamed forward in progress holds the devices
@@ -135,17 +136,46 @@ class World:
         left = {stage: c.make_experience_s(n, w.reference, w.critic, reward=on_train)[stage]
                 for stage, n in (streamed or {}).items()}
         stages = {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}
+        forwards_s = self._forwards_s(stages)
+        other_s = t - now_s + c.phase_overhead_s + c.experience_overhead_s
+        slow = self._slowed(forwards_s, other_s, decode_end_s - now_s)
         t = self._forwards(t, {k: dt * slow for k, dt in stages.items()})
         if score_in_experience and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
-        end = self._train(t, c.train_s(tokens) * slow)
+        train_s = c.train_s(tokens)
+        end = self._train(t, train_s * self._slowed(train_s, c.phase_overhead_s, decode_end_s - t))
         self.train_busy.append((busy_from, end))
         self.loop.at(end, self._release_engines, end)
         if streamer is not None:  # the devices train, then send the weights
             streamer.hold(end + self.sync_s())
         return end
+
+    def _decoding_left_s(self) -> float:
+        """On a shared host (not colocated, `train_slowdown_shared` > 1): how long the engines go
+        on decoding what they hold and the requests made this instant (a generate call starting
+        beside this step reaches the engines a moment later); 0 elsewhere."""
+        if self.cfg.split.colocate or self.costs.train_slowdown_shared <= 1.0:
+            return 0.0
+        now, made = self._issued
+        incoming = [r for r in made if r.engine < 0] if now == self.loop.now_s else []
+        return self.rollout.drain_s(incoming)
+
+    def _slowed(self, compute_s: float, other_s: float, decoding_s: float) -> float:
+        """The factor on a phase's compute beside `decoding_s` more of decoding (1 when none)."""
+        if compute_s <= 0.0 or decoding_s <= 0.0:
+            return 1.0
+        phase_s = shared_phase_s(compute_s, other_s, decoding_s, self.costs.train_slowdown_shared)
+        return (phase_s - other_s) / compute_s
+
+    def _forwards_s(self, stages: dict[str, float]) -> float:
+        """make_experience's forwards' wall seconds (the critic's group beside the actor's, if any)."""
+        c = self.costs
+        if not c.critic_group_scale:
+            return sum(stages.values())
+        actor = sum(s for k, s in stages.items() if k in ("old_logprobs", "ref_logprobs"))
+        return max(actor * c.actor_group_scale, (sum(stages.values()) - actor) * c.critic_group_scale)
 
     def _forwards(self, t: float, stages: dict[str, float]) -> float:
         """make_experience's forwards from `t` (stage -> seconds on the pooled training devices);

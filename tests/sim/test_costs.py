@@ -66,3 +66,29 @@ def test_roofline_of_the_7b_h200_preset():
     assert c.train_per_token_s == pytest.approx(6 * 2 * 7_615_283_200 / (7 * 989e12 * 0.35))
     assert c.weight_sync_s == pytest.approx(0.5 + 2 * 7_615_283_200 / (450e9 * 0.7))
     assert (c.engines, c.scorers) == (7, 1)
+
+
+def test_a_phase_beside_decoding_is_slowed_for_the_share_of_it_that_decoding_covers():
+    # compute 2 s, overheads 0.5 s, decoding for the first 1 s, slowdown 1.5 (k = 0.5):
+    # T = 0.5 + 2 (1 + 0.5 * 1 / T)  ->  T^2 - 2.5 T - 1 = 0  ->  T = (2.5 + sqrt(10.25)) / 2
+    t = costs.shared_phase_s(2.0, 0.5, 1.0, 1.5)
+    assert t == pytest.approx((2.5 + 10.25 ** 0.5) / 2)
+    assert t == pytest.approx(0.5 + 2.0 * (1 + 0.5 * 1.0 / t))  # f = 1 s / T
+    assert costs.shared_phase_s(2.0, 0.5, 10.0, 1.5) == pytest.approx(3.5)  # decoding covers it: 0.5 + 2 x 1.5
+    assert costs.shared_phase_s(2.0, 0.5, 0.0, 1.5) == pytest.approx(2.5)  # nothing decodes beside it
+    assert costs.shared_phase_s(2.0, 0.5, 10.0, 1.0) == pytest.approx(2.5)  # no shared host (GPU presets)
+
+
+def test_the_engines_drain_time_decodes_what_they_hold_and_the_requests_about_to_arrive():
+    from openrlhf_oppo.sim.engine import EventLoop, Recorder, Request, Rollout
+
+    model = make_costs(decode_overhead_s=0.1, decode_weights_read_s=0.0, decode_kv_read_per_token_s=0.0,
+                       decode_compute_per_seq_s=0.01, seqs_per_engine=2)
+    rollout = Rollout(EventLoop(), model, Recorder(), lambda *a: None)
+    held = [Request(0, 8, 3, 100)]
+    rollout.admit([held], 0.0)
+    rollout.factor = 2.0
+    # 3 and 5 tokens decode at b = 2 for 3 iterations (0.1 + 2 x 0.01 each); the 4-token one takes
+    # the freed slot: b = 2 for 2 more, then it decodes its last 2 alone (0.11 each); all x the factor 2
+    incoming = [Request(1, 8, 5, 100), Request(2, 8, 4, 100)]
+    assert rollout.drain_s(incoming) == pytest.approx(2 * (3 * 0.12 + 2 * 0.12 + 2 * 0.11))

@@ -68,3 +68,12 @@ def test_the_phase_fit_recovers_each_line_and_the_shared_slowdown():
 def test_without_spans_beside_decoding_the_train_slowdown_is_the_prior():
     points = [fitting.PhasePoint("train", t, 0.1 + 1e-4 * t, 0.0) for t in (1000, 2000, 4000)]
     assert fitting.fit_phases(points, prior_slowdown=1.25)[1:] == (1.25, False)
+
+
+def test_one_phase_slowdown_fits_modes_that_overlap_decoding_by_different_shares():
+    # two "modes" on one host with the same k = 0.6: one trains mostly beside decoding, one hardly
+    points = [fitting.PhasePoint(stage, tokens, over + per * tokens * (1 + 0.6 * share), share)
+              for stage, over, per in (("make_experience", 0.3, 2e-4), ("train", 0.05, 6e-4))
+              for tokens, share in ((2000, 0.0), (7000, 0.0), (3000, 0.9), (8000, 1.0), (4000, 0.2), (9000, 0.1))]
+    lines, slowdown, measured = fitting.fit_phases(points, prior_slowdown=1.0)
+    assert measured and slowdown == pytest.approx(1.6)

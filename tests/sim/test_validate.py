@@ -66,3 +66,37 @@ def test_replayed_lengths_are_rollouts_order_without_sample_ids(tmp_path):
              {"step": 1, "samples": [{"sequence": [1] * 40}]}]
     (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     assert validate.replay_lengths(tmp_path, prompt_tokens=8) == [10, 1, 32]
+
+
+def test_the_shipped_cpu_preset_is_calibrated_on_every_modes_runs():
+    from openrlhf_oppo.sim import presets
+
+    header = (presets.PRESET_DIR / "cpu-longtail.yaml").read_text().splitlines()[0]
+    for schedule in ("sync", "async", "partial", "oversample", "oppo"):
+        assert f"/{schedule}-0" in header and f"/{schedule}-1" in header
+
+
+def test_leave_one_out_calibrates_without_the_held_out_schedules_runs(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from openrlhf_oppo.sim import calibrate
+
+    runs = {Path(f"/r/{s}-{k}"): {"steps": 16} for s in ("sync", "oppo", "async") for k in (0, 1)}
+    calibrated, replays = [], []
+
+    def fake_calibrate(seen, base, prompt_tokens, warmup_steps):
+        calibrated.append({validate.schedule_of(r) for r in seen})
+        return {"efficiency": {"train_slowdown_shared": 1.0 + len(calibrated) / 10}}
+
+    def fake_replayed(unseen, preset, sets, tmp):
+        replays.append(({validate.schedule_of(r) for r in unseen}, Path(preset).name))
+        return {validate.schedule_of(r): [1.0] for r in unseen}
+
+    monkeypatch.setattr(calibrate, "calibrate", fake_calibrate)
+    monkeypatch.setattr(calibrate, "write_preset", lambda *a: None)
+    monkeypatch.setattr(validate, "replayed", fake_replayed)
+    simulated, slowdowns = validate.leave_one_out(runs, "cpu-longtail", [], tmp_path, 2)
+    assert calibrated == [{"oppo", "sync"}, {"async", "sync"}, {"async", "oppo"}]  # held: async, oppo, sync
+    assert replays == [({"async"}, "without-async.yaml"), ({"oppo"}, "without-oppo.yaml"),
+                       ({"sync"}, "without-sync.yaml")]
+    assert set(simulated) == {"sync", "oppo", "async"} and slowdowns == {"async": 1.1, "oppo": 1.2, "sync": 1.3}

@@ -207,8 +207,7 @@ class AsyncDriver(World):
         self.generator_next()  # the slot wakes the generator first: its call decodes beside training
         reqs = [r for g in batch for r in g]
         lengths = [r.done for r in reqs]
-        end = self.experience_and_train(now, lengths, [r.sample_id for r in reqs], True,
-                                        decoding=self.generating() or self.rollout.decoding())
+        end = self.experience_and_train(now, lengths, [r.sample_id for r in reqs], True)
         n = self.cfg.workload.samples_per_group
         prompts = tuple(sorted({r.sample_id // n for r in reqs}))
         self.loop.at(end, self.acquire, "trainer",
