@@ -1,5 +1,6 @@
-"""What a rollout engine hands the driver: `SampleDelta`, and `merge_deltas`, which joins a
-drained outbox's deltas per sample and policy version before they cross Ray.
+"""What the driver and a rollout engine hand each other: `SampleRequest` (a sample to decode),
+`SampleDelta` (its new tokens), and `merge_deltas`, which joins a drained outbox's deltas per
+sample and policy version before they cross Ray.
 
 vLLM's `RequestOutputKind.DELTA` stream yields about one token per engine step per
 request; the engine's outbox is drained once a chunk is due (`OppoRolloutActor.next_outputs`),
@@ -40,6 +41,19 @@ class SampleDelta:
     time_s: float
     reward: dict | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """Start (or resume, after a restart) decoding one sample."""
+
+    sample_id: int
+    prompt_ids: list[int]
+    held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
+    max_tokens: int  # response budget, held tokens included
+    seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
+    # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
+    reward_query: tuple[str, str] | None = None
 
 
 def merge_deltas(deltas: list[SampleDelta]) -> list[SampleDelta]:

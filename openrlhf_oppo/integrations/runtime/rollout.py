@@ -22,29 +22,16 @@ import asyncio
 import time
 from array import array
 from copy import deepcopy
-from dataclasses import dataclass
 
 import ray
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta
+from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 _BASE = unwrap_ray_actor(_vllm_engine.RolloutRayActor)
-
-
-@dataclass(frozen=True)
-class SampleRequest:
-    """Start (or resume, after a restart) decoding one sample."""
-
-    sample_id: int
-    prompt_ids: list[int]
-    held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
-    max_tokens: int  # response budget, held tokens included
-    seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
-    # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
-    reward_query: tuple[str, str] | None = None
+__all__ = ["OppoRolloutActor", "OppoRolloutRayActor", "SampleDelta", "SampleRequest"]
 
 
 class OppoRolloutActor(_BASE):
