@@ -22,16 +22,16 @@ KEEPS_UP = 0.95  # ... receiving at least this share of what the engines emitted
 
 
 def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
-    t0, cpu0 = raw["start"]
-    t_stream, cpu_stream = raw["stream_end"]
-    t_end, cpu_end = raw["end"]
+    t0, cpu0, thread0 = raw["start"]
+    t_stream, cpu_stream, thread_stream = raw["stream_end"]
+    t_end, cpu_end, _ = raw["end"]
     stream_s, stream_cpu_s = t_stream - t0, cpu_stream - cpu0
     tokens = raw["driver_tokens"]
     calls = Counter()
     for log in raw["engine_logs"] + raw["scorer_logs"]:
         calls.update(log["calls"])
     n_calls = sum(calls.values())
-    lags_s, checks = token_lags(raw["engine_logs"], raw["scorer_logs"], w.response_lengths())
+    lags_s, chunk_lags_s, checks = token_lags(raw["engine_logs"], raw["scorer_logs"], w.response_lengths())
     full = full_window(raw, w)
     out = {
         "chunk_tokens": chunk_tokens,
@@ -41,6 +41,8 @@ def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
         "stream_s": stream_s,
         "driver_cpu_s": stream_cpu_s,
         "driver_cores": stream_cpu_s / stream_s,
+        # of driver_cpu_s, the Python main thread's (the generator); the rest is Ray's threads in the process
+        "driver_main_thread_cpu_s": thread_stream - thread0,
         "driver_cpu_ms_per_1k_tokens": 1e6 * stream_cpu_s / max(tokens, 1),
         "tokens_per_s": tokens / stream_s,
         "target_tokens_per_s": w.target_tokens_per_s,
@@ -50,6 +52,9 @@ def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
         "ray_messages": 2 * n_calls,  # each call and its reply
         "ray_messages_per_s": 2 * n_calls / stream_s,
         "lag_ms": {q: 1e3 * float(v) for q, v in lag_quantiles(lags_s).items()},
+        # each chunk's last token: the delay the control plane adds once a chunk is complete (lag_ms
+        # adds the wait for the chunk to fill, up to C / tokens_per_s)
+        "chunk_lag_ms": {q: 1e3 * float(v) for q, v in lag_quantiles(chunk_lags_s).items()},
         "experiences": raw["experiences"],
         "build_experiences_s": t_end - t_stream,
         "build_experiences_cpu_s": cpu_end - cpu_stream,
@@ -64,7 +69,7 @@ def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
 def full_window(raw: dict, w: Workload) -> dict:
     """Rates while every engine is full: from the start to the first free slot with none waiting,
     read at the last driver note (`driver.TRACE_S`) before it."""
-    t0, cpu0 = raw["start"]
+    t0, cpu0, _ = raw["start"]
     ends = [log["full_until_s"] for log in raw["engine_logs"] if log["full_until_s"] is not None]
     until = min(ends) if ends else raw["stream_end"][0]
     notes = [n for n in raw["trace"] if n[0] <= until]
@@ -91,10 +96,10 @@ def _emitted_by(times: array, pushed_to: array, t: float) -> int:
 
 
 def token_lags(engine_logs: list[dict], scorer_logs: list[dict], lengths: dict[int, int]
-               ) -> tuple[np.ndarray, dict]:
+               ) -> tuple[np.ndarray, np.ndarray, dict]:
     """Every token's lag (s) from its push on the engine to its chunk's arrival on the scorer,
-    and the checks: each sample's chunks contiguous from token 0, none twice, ending at its
-    length; its reward (the scorer's count) equal to it."""
+    the same for each chunk's last token, and the checks: each sample's chunks contiguous from
+    token 0, none twice, ending at its length; its reward (the scorer's count) equal to it."""
     pushes = {sid: p for log in engine_logs for sid, p in log["pushes"].items()}
     sids = np.concatenate([np.frombuffer(s["sids"], dtype=np.int64) for s in scorer_logs])
     starts = np.concatenate([np.frombuffer(s["starts"], dtype=np.int64) for s in scorer_logs])
@@ -104,7 +109,7 @@ def token_lags(engine_logs: list[dict], scorer_logs: list[dict], lengths: dict[i
     sids, starts, ends, arrival = sids[order], starts[order], ends[order], arrival[order]
     bounds = np.flatnonzero(np.diff(sids)) + 1
     finished = {sid: n for s in scorer_logs for sid, n in s["finished"].items()}
-    lags, bad = [], []
+    lags, chunk_lags, bad = [], [], []
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(sids)]):
         if lo == hi:
             continue
@@ -120,6 +125,7 @@ def token_lags(engine_logs: list[dict], scorer_logs: list[dict], lengths: dict[i
         emit_s = np.repeat(times, np.diff(pushed_to, prepend=0))
         arrive_s = np.repeat(arr, en - st)
         lags.append(arrive_s - emit_s)
+        chunk_lags.append(arr - emit_s[en - 1])
     seen = set(int(s) for s in np.unique(sids))
     missing = sorted(set(lengths) - seen)
     checks = {
@@ -133,7 +139,9 @@ def token_lags(engine_logs: list[dict], scorer_logs: list[dict], lengths: dict[i
         "scored_tokens": int(ends.sum() - starts.sum()),
         "expected_tokens": sum(lengths.values()),
     }
-    return (np.concatenate(lags) if lags else np.zeros(0)), checks
+    if not lags:
+        return np.zeros(0), np.zeros(0), checks
+    return np.concatenate(lags), np.concatenate(chunk_lags), checks
 
 
 def lag_quantiles(lags_s: np.ndarray) -> dict[str, float]:
