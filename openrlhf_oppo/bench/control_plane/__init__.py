@@ -48,6 +48,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--median-tokens", type=int, default=1000, help="median response length (log-normal)")
     p.add_argument("--max-tokens", type=int, default=16384, help="longest response (tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drain", choices=("all", "due"), default="all",
+                   help="what an engine hands over when the driver wakes: all: every sample's new tokens (the "
+                        "product's outbox); due: only samples with a chunk due or finished (an experiment)")
     p.add_argument("--profile", action="store_true", help="cProfile the driver (its CPU figures then include cProfile)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long run for tests: 2 engines x 8 sequences x 400 tokens/s, 16 prompts x 2, "
@@ -63,7 +66,8 @@ def workload(args: argparse.Namespace):
     w = Workload(engines=args.engines, sequences=args.sequences, tokens_per_s=args.tokens_per_s,
                  prompts=args.prompts, samples=args.samples, scorers=args.scorers,
                  scorer_us_per_token=args.scorer_us_per_token, prompt_tokens=args.prompt_tokens,
-                 lengths=LengthModel(median_tokens=args.median_tokens, max_tokens=args.max_tokens), seed=args.seed)
+                 lengths=LengthModel(median_tokens=args.median_tokens, max_tokens=args.max_tokens), seed=args.seed,
+                 drain=args.drain)
     return replace(w, **SMOKE) if args.smoke else w
 
 
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"control plane: {w.engines} engines x {w.sequences} sequences x {w.tokens_per_s:g} tokens/s "
           f"(target {w.target_tokens_per_s:,.0f} tokens/s), {w.prompts} prompts x {w.samples} samples, "
           f"{sum(lengths.values()):,} response tokens (median {w.lengths.median_tokens}, up to "
-          f"{max(lengths.values()):,}), {w.scorers} scorers at {w.scorer_us_per_token:g} µs/token; "
+          f"{max(lengths.values()):,}), {w.scorers} scorers at {w.scorer_us_per_token:g} µs/token, drain {w.drain}; "
           f"{os.cpu_count()} CPUs, load {_load()}", flush=True)
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from collections import Counter, deque
 import ray
 
 from openrlhf_oppo.bench.synthetic import LengthModel
-from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest
+from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest, merge_deltas
 from openrlhf_oppo.integrations.runtime.reward_dispatch import ScoreReply
 
 TICK_S = 0.05  # the engine emits every 50 ms: 2 tokens per sequence at 40 tokens/s (vLLM: 1 per ~25 ms step)
@@ -36,6 +36,34 @@ def sample_length(lengths: LengthModel, seed: int, sample_id: int, max_tokens: i
     """A sample's response length: drawn from `lengths` by its id alone, so the driver knows
     every length the engines will decode (progress, checks) without asking them."""
     return min(max_tokens, lengths.sample(random.Random(seed * 1_000_003 + sample_id)))
+
+
+class DueOnlyOutbox(Outbox):
+    """An experiment, not the product's rule (`--drain due`): a drain hands over only the samples
+    with a chunk due or finished; the others' tokens wait in the outbox for their own chunk. The
+    driver's cost is mostly per delta, and the product's drain hands over every sample that
+    decoded anything, a few tokens each at small C."""
+
+    async def drain(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
+        self.wake_tokens = wake_tokens
+        if any(self._chunk_ready(sid) for sid in self.decoded):
+            self.ready.set()
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        due = {sid for sid in self.decoded if self._chunk_ready(sid)}
+        due.update(d.sample_id for d in self.deltas if d.finish_reason is not None)
+        out = [d for d in self.deltas if d.sample_id in due]
+        self.deltas = [d for d in self.deltas if d.sample_id not in due]
+        for d in out:
+            if d.finish_reason is None:
+                self.drained[d.sample_id] = self.decoded[d.sample_id]
+            else:
+                self.decoded.pop(d.sample_id, None)
+                self.drained.pop(d.sample_id, None)
+        self.ready.clear()
+        return merge_deltas(out)
 
 
 class _Sequence:
@@ -53,13 +81,14 @@ class SyntheticEngine:
     """A rollout engine without a model: `OppoRolloutActor`'s interface and outbox."""
 
     def __init__(self, max_seqs: int, tokens_per_s: float, lengths: LengthModel, seed: int,
-                 tick_s: float = TICK_S) -> None:
+                 tick_s: float = TICK_S, drain: str = "all") -> None:
+        """`drain`: "all", the product's outbox (`deltas.Outbox`); "due", `DueOnlyOutbox`."""
         self.max_seqs = max_seqs
         self.tokens_per_s = tokens_per_s
         self.lengths = lengths
         self.seed = seed
         self.tick_s = tick_s
-        self.outbox = Outbox()
+        self.outbox = {"all": Outbox, "due": DueOnlyOutbox}[drain]()
         self.waiting: deque[SampleRequest] = deque()  # started, not yet decoding (max_seqs reached)
         self.decoding: dict[int, _Sequence] = {}
         self.policy_version = 0
@@ -142,7 +171,7 @@ class SyntheticEngine:
             self.decoding[req.sample_id] = _Sequence(now - held / self.tokens_per_s, held, length)
             self.pushes[req.sample_id] = (array("d"), array("i"))
             self.outbox.begin(req.sample_id, held)
-        if self.full_until_s is None and self.decoding and len(self.decoding) < self.max_seqs:
+        if self.full_until_s is None and len(self.decoding) < self.max_seqs:  # a slot free, nothing waiting
             self.full_until_s = now
 
     # ------------------------------------------------------------------ read by the bench after the run

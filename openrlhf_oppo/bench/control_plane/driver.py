@@ -48,6 +48,7 @@ class Workload:
     scorer_us_per_token: float = 0.0  # a chunk token's fixed cost on its scorer (slept)
     prompt_tokens: int = 256
     lengths: LengthModel = LengthModel()  # response lengths (tokens), long tail
+    drain: str = "all"  # the engines' outbox: "all" (the product's) or "due" (actors.DueOnlyOutbox)
     seed: int = 0
 
     @property
@@ -69,6 +70,7 @@ class MeteredPool(EnginePool):
         self.total_tokens, self.total_samples = total_tokens, total_samples
         self.meter = meter  # its finished samples, for the progress line
         self.tokens = 0  # received from the engines
+        self.deltas = 0  # merged deltas received (one per sample per reply it had tokens in)
         self.polls_done = 0
         self.trace: list[tuple[float, float, int]] = []  # (time.time(), process CPU s, tokens)
         self.progress = progress
@@ -83,6 +85,7 @@ class MeteredPool(EnginePool):
     def poll(self, wake_tokens: int, also: list = ()):
         deltas = super().poll(wake_tokens, also)
         self.polls_done += 1
+        self.deltas += len(deltas)
         self.tokens += sum(map(len, map(_TOKEN_IDS, deltas)))  # C-level: the bench's own cost stays small
         now = time.time()
         if now >= self.next_trace_s:
@@ -150,7 +153,7 @@ def build(w: Workload, chunk_tokens: int, engines: list, scorers: list, progress
 
 
 def start_actors(w: Workload) -> tuple[list, list]:
-    engines = [SyntheticEngineActor.remote(w.sequences, w.tokens_per_s, w.lengths, w.seed)
+    engines = [SyntheticEngineActor.remote(w.sequences, w.tokens_per_s, w.lengths, w.seed, drain=w.drain)
                for _ in range(w.engines)]
     scorers = [SyntheticScorerActor.remote(w.scorer_us_per_token * 1e-6) for _ in range(w.scorers)]
     ray.get([a.__ray_ready__.remote() for a in engines + scorers])  # started before the clock runs
@@ -179,8 +182,9 @@ def run_step(w: Workload, chunk_tokens: int, progress: bool = True, profile: boo
             ray.kill(a)
     return {
         "start": start, "stream_end": meter.stream_end, "end": end, "trace": pool.trace,
-        "driver_tokens": pool.tokens, "driver_polls": pool.polls_done, "admitted_groups": admitted,
-        "experiences": len(experiences), "trained_tokens": sum(int(x.response_length.sum()) for x in experiences),
+        "driver_tokens": pool.tokens, "driver_polls": pool.polls_done, "driver_deltas": pool.deltas,
+        "admitted_groups": admitted, "experiences": len(experiences),
+        # the streamed reward of each trained sample (the synthetic scorer's: its token count)
         "rewards": {sid: gen.rewards.scores.get(sid) for sid in gen.batch_sample_ids or []},
         "engine_logs": engine_logs, "scorer_logs": scorer_logs, "profile": _profile_text(profiler),
     }

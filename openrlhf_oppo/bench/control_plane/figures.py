@@ -32,6 +32,7 @@ def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
         calls.update(log["calls"])
     n_calls = sum(calls.values())
     lags_s, chunk_lags_s, checks = token_lags(raw["engine_logs"], raw["scorer_logs"], w.response_lengths())
+    checks["rewards_exact"] = sum(raw["rewards"].get(sid) == n for sid, n in w.response_lengths().items())
     full = full_window(raw, w)
     out = {
         "chunk_tokens": chunk_tokens,
@@ -48,6 +49,11 @@ def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
         "target_tokens_per_s": w.target_tokens_per_s,
         "full": full,
         "driver_polls": raw["driver_polls"],
+        # the driver's cost is mostly per delta and per call, not per token: how many tokens a delta carried
+        "driver_deltas": raw["driver_deltas"],
+        "deltas_per_s": raw["driver_deltas"] / stream_s,
+        "tokens_per_delta": tokens / max(raw["driver_deltas"], 1),
+        "chunk_records": sum(len(s["sids"]) for s in raw["scorer_logs"]),  # a sample's chunks in one call: one
         "calls": dict(calls),
         "ray_messages": 2 * n_calls,  # each call and its reply
         "ray_messages_per_s": 2 * n_calls / stream_s,
@@ -62,6 +68,7 @@ def figures(raw: dict, w: Workload, chunk_tokens: int) -> dict:
         "scorers_cpu_s": sum(log["cpu_s"] for log in raw["scorer_logs"]),
         "checks": checks,
     }
+
     out["target_met"] = bool(full["driver_cores"] < HALF_CORE and full["received_share"] >= KEEPS_UP)
     return out
 
