@@ -12,6 +12,8 @@ TARGETS = {
     "convergence": ("openrlhf_oppo.bench.convergence",
                     "reward per step and per second over seeds: sync vs OPPO, time-to-reward, length bias"),
     "soak": ("openrlhf_oppo.bench.soak", "a long run: RSS of every process and reward-actor KV tokens over steps"),
+    "control-plane": ("openrlhf_oppo.bench.control_plane",
+                      "driver CPU, Ray messages and token lag at GPU rates (synthetic engines, real generator)"),
 }
 
 
@@ -24,7 +26,7 @@ def main(argv: list[str]) -> int:
             return 2
         print("usage: openrlhf-oppo bench <target> [options]\n\ntargets:")
         for name, (_, help_) in TARGETS.items():
-            print(f"  {name:<12} {help_}")
+            print(f"  {name:<14} {help_}")
         return 0
     module = importlib.import_module(TARGETS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)

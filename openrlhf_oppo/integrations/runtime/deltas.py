@@ -1,15 +1,18 @@
-"""What a rollout engine hands the driver: `SampleDelta`, and `merge_deltas`, which joins a
-drained outbox's deltas per sample and policy version before they cross Ray.
+"""What the driver and a rollout engine hand each other: `SampleRequest` (a sample to decode),
+`SampleDelta` (its new tokens), and `merge_deltas`, which joins a drained outbox's deltas per
+sample and policy version before they cross Ray.
 
 vLLM's `RequestOutputKind.DELTA` stream yields about one token per engine step per
 request; the engine's outbox is drained once a chunk is due (`OppoRolloutActor.next_outputs`),
 so a reply held ~C single-token deltas per sample. One merged delta per sample and
 version is ~C times fewer Python objects to pickle, send and feed to the scheduler core
-(issue 26, item 9). Pure Python: imports neither Ray nor vLLM.
+(issue 26, item 9). `Outbox` holds an engine's deltas until the driver drains them. Pure
+Python: imports neither Ray nor vLLM (a synthetic engine, `bench control-plane`, uses it too).
 """
 
 from __future__ import annotations
 
+import asyncio
 from array import array
 from dataclasses import dataclass
 
@@ -38,6 +41,19 @@ class SampleDelta:
     time_s: float
     reward: dict | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """Start (or resume, after a restart) decoding one sample."""
+
+    sample_id: int
+    prompt_ids: list[int]
+    held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
+    max_tokens: int  # response budget, held tokens included
+    seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
+    # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
+    reward_query: tuple[str, str] | None = None
 
 
 def merge_deltas(deltas: list[SampleDelta]) -> list[SampleDelta]:
@@ -96,3 +112,51 @@ def _join(run: list[SampleDelta]) -> SampleDelta:
             logprobs.extend(d.logprobs)
     return SampleDelta(last.sample_id, tokens, logprobs, last.policy_version, last.finish_reason, last.time_s,
                        last.reward, last.error)
+
+
+class Outbox:
+    """A rollout engine's deltas not yet handed to the driver, and the rule that wakes it:
+    what `OppoRolloutActor.next_outputs` drains. Lives in the engine's event loop."""
+
+    def __init__(self) -> None:
+        self.deltas: list[SampleDelta] = []
+        self.ready = asyncio.Event()
+        self.decoded: dict[int, int] = {}  # sample id -> response tokens pushed so far
+        self.drained: dict[int, int] = {}  # sample id -> of those, handed to the caller
+        self.wake_tokens = 1  # set by drain: a sample crossing a multiple of it wakes the caller
+
+    def begin(self, sample_id: int, held_tokens: int) -> None:
+        """A sample starts decoding after `held_tokens` response tokens (0 for a new one)."""
+        self.decoded[sample_id] = self.drained[sample_id] = held_tokens
+
+    def push(self, delta: SampleDelta) -> None:
+        self.deltas.append(delta)
+        sid = delta.sample_id
+        self.decoded[sid] = self.decoded.get(sid, 0) + len(delta.token_ids)
+        if delta.finish_reason is not None or self._chunk_ready(sid):
+            self.ready.set()
+
+    def _chunk_ready(self, sid: int) -> bool:
+        # the scheduler cuts chunks at multiples of C from the response start: wake at those
+        return self.decoded[sid] // self.wake_tokens > self.drained.get(sid, 0) // self.wake_tokens
+
+    async def drain(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
+        """Every delta pushed, once something is worth a round trip: a sample finished or
+        has `wake_tokens` unsent tokens, or `timeout_s` passed; merged per sample and policy
+        version (`merge_deltas`)."""
+        self.wake_tokens = wake_tokens
+        if any(self._chunk_ready(sid) for sid in self.decoded):
+            self.ready.set()
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        out, self.deltas = self.deltas, []
+        for d in out:
+            if d.finish_reason is None:
+                self.drained[d.sample_id] = self.decoded[d.sample_id]
+            else:  # the sample is done on this engine
+                self.decoded.pop(d.sample_id, None)
+                self.drained.pop(d.sample_id, None)
+        self.ready.clear()
+        return merge_deltas(out)  # one delta per sample and policy version, not one per vLLM step

@@ -11,10 +11,9 @@ import ray
 
 from openrlhf_oppo import timeline
 from openrlhf_oppo.integrations.runtime import faults
-from openrlhf_oppo.integrations.runtime.deltas import SampleDelta
+from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.ray_calls import RayCalls
-from openrlhf_oppo.integrations.runtime.rollout import SampleRequest
 
 logger = get_logger(__name__)
 

@@ -45,12 +45,11 @@ from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
 from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
 from openrlhf_oppo.integrations.runtime import openrlhf_executor, timeline_hooks
-from openrlhf_oppo.integrations.runtime.deltas import SampleDelta
+from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.prompt_stream import GroupPrompts, PromptStream
 from openrlhf_oppo.integrations.runtime.reward_dispatch import RewardDispatcher
-from openrlhf_oppo.integrations.runtime.rollout import SampleRequest
 from openrlhf_oppo.integrations.runtime.run_config import engine_text_needed, reward_mode
 from openrlhf_oppo.integrations.runtime.seeding import request_seed, write_rollouts
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter

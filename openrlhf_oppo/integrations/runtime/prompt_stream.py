@@ -6,7 +6,7 @@ from __future__ import annotations
 from openrlhf.trainer.ppo_utils.samples_generator import _collect_prompt_batch
 
 from openrlhf_oppo.integrations.runtime import openrlhf_executor
-from openrlhf_oppo.integrations.runtime.rollout import SampleRequest
+from openrlhf_oppo.integrations.runtime.deltas import SampleRequest
 
 
 class PromptStream:

@@ -23,6 +23,22 @@ SCORER_RESTART_TIMEOUT_S = 300.0  # a restarted reward actor reloads its model
 
 
 @dataclass(frozen=True)
+class ScoreReply:
+    """What one `process` call returns: rewards of the samples it finished, and when it worked."""
+
+    scores: dict[int, float]
+    start_s: float  # time.time() at the call's start and end: the actor's busy interval
+    end_s: float
+    kv_tokens: int = 0  # tokens the actor holds in KV caches after the call
+    kv_budget_tokens: int = 0  # its budget (explicit, or derived from the device's memory)
+    # since the actor (re)started, monotone: caches dropped to honour the budget, tokens
+    # prefilled again because of it, forwards retried after a device out-of-memory
+    evictions: int = 0
+    reprefilled_tokens: int = 0
+    oom_retries: int = 0
+
+
+@dataclass(frozen=True)
 class RewardCall:
     """One `process` call in flight on a reward actor."""
 

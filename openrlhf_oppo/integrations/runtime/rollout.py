@@ -22,29 +22,16 @@ import asyncio
 import time
 from array import array
 from copy import deepcopy
-from dataclasses import dataclass
 
 import ray
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, merge_deltas
+from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 _BASE = unwrap_ray_actor(_vllm_engine.RolloutRayActor)
-
-
-@dataclass(frozen=True)
-class SampleRequest:
-    """Start (or resume, after a restart) decoding one sample."""
-
-    sample_id: int
-    prompt_ids: list[int]
-    held_ids: list[int]  # response tokens generated before a restart; decoding continues after them
-    max_tokens: int  # response budget, held tokens included
-    seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
-    # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
-    reward_query: tuple[str, str] | None = None
+__all__ = ["OppoRolloutActor", "OppoRolloutRayActor", "SampleDelta", "SampleRequest"]
 
 
 class OppoRolloutActor(_BASE):
@@ -52,11 +39,7 @@ class OppoRolloutActor(_BASE):
 
     async def __init__(self, *args, **kwargs):
         await super().__init__(*args, **kwargs)
-        self._outbox: list[SampleDelta] = []
-        self._outbox_ready = asyncio.Event()
-        self._decoded: dict[int, int] = {}  # sample id -> response tokens pushed so far
-        self._drained: dict[int, int] = {}  # sample id -> of those, handed to the caller
-        self._wake_tokens = 1  # set by next_outputs: a sample crossing a multiple of it wakes the caller
+        self._outbox = Outbox()
         self._tasks: dict[int, asyncio.Task] = {}
         self._request_ids: dict[int, str] = {}  # sample id -> its vLLM request while it decodes
         self._policy_version = 0
@@ -121,7 +104,7 @@ class OppoRolloutActor(_BASE):
         response = list(req.held_ids) if req.reward_query is not None else None  # kept only to be scored
         last = None  # the finishing delta (token ids, logprobs, policy version), pushed once its reward is known
         opened, decoded = timeline.RECORDER.open_sample("rollout"), 0
-        self._decoded[sid] = self._drained[sid] = len(req.held_ids)
+        self._outbox.begin(sid, len(req.held_ids))
         try:
             if params.max_tokens <= 0:  # its budget was used up before a restart: finished as it is
                 finish_reason = "length"
@@ -183,37 +166,15 @@ class OppoRolloutActor(_BASE):
             return None, f"{executor.reward_endpoints[0]}: {exc!r}"
 
     def _push(self, delta: SampleDelta) -> None:
-        self._outbox.append(delta)
-        sid = delta.sample_id
-        self._decoded[sid] = self._decoded.get(sid, 0) + len(delta.token_ids)
-        if delta.finish_reason is not None or self._chunk_ready(sid):
-            self._outbox_ready.set()
-
-    def _chunk_ready(self, sid: int) -> bool:
-        # the scheduler cuts chunks at multiples of C from the response start: wake at those
-        return self._decoded[sid] // self._wake_tokens > self._drained.get(sid, 0) // self._wake_tokens
+        self._outbox.push(delta)
 
     async def next_outputs(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
         """Drain the outbox once something in it is worth a round trip: a sample finished
         or has `wake_tokens` unsent tokens (the chunk size when streaming; a large value
         when only finished samples matter), or `timeout_s` passed. Waking per token
-        would cost a driver round trip and a pickle per token."""
-        self._wake_tokens = wake_tokens
-        if any(self._chunk_ready(sid) for sid in self._decoded):
-            self._outbox_ready.set()
-        try:
-            await asyncio.wait_for(self._outbox_ready.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        out, self._outbox = self._outbox, []
-        for d in out:
-            if d.finish_reason is None:
-                self._drained[d.sample_id] = self._decoded[d.sample_id]
-            else:  # the sample is done on this engine
-                self._decoded.pop(d.sample_id, None)
-                self._drained.pop(d.sample_id, None)
-        self._outbox_ready.clear()
-        return merge_deltas(out)  # one delta per sample and policy version, not one per vLLM step
+        would cost a driver round trip and a pickle per token. One delta per sample and
+        policy version, not one per vLLM step."""
+        return await self._outbox.drain(timeout_s, wake_tokens)
 
 
 def _scalar(value) -> float:

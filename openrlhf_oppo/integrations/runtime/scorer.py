@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 import ray
 from openrlhf.trainer.ray.launcher import BaseModelActor
@@ -27,6 +26,7 @@ from openrlhf.trainer.ray.launcher import BaseModelActor
 from openrlhf_oppo import timeline
 from openrlhf_oppo.footprint import STREAM_MAX_BATCH_TOKENS
 from openrlhf_oppo.integrations.runtime.log import get_logger
+from openrlhf_oppo.integrations.runtime.reward_dispatch import ScoreReply
 from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS, config_from_env
 from openrlhf_oppo.models.device_memory import OutOfMemoryError, release_device_memory
 
@@ -34,22 +34,7 @@ logger = get_logger(__name__)
 # most padded tokens in one batched forward (PrefillEngine's max_batch_tokens): its padded cache
 # copy and the per-sequence clones (2 x this x KV bytes per token) come out of the KV budget
 MAX_BATCH_TOKENS = STREAM_MAX_BATCH_TOKENS
-
-
-@dataclass(frozen=True)
-class ScoreReply:
-    """What one `process` call returns: rewards of the samples it finished, and when it worked."""
-
-    scores: dict[int, float]
-    start_s: float  # time.time() at the call's start and end: the actor's busy interval
-    end_s: float
-    kv_tokens: int = 0  # tokens the actor holds in KV caches after the call
-    kv_budget_tokens: int = 0  # its budget (explicit, or derived from the device's memory)
-    # since the actor (re)started, monotone: caches dropped to honour the budget, tokens
-    # prefilled again because of it, forwards retried after a device out-of-memory
-    evictions: int = 0
-    reprefilled_tokens: int = 0
-    oom_retries: int = 0
+__all__ = ["ScoreReply", "StreamingRewardActor", "StreamingRewardModelActor", "StreamingRewardModelRayActor"]
 
 
 class StreamingRewardActor:

@@ -8,15 +8,14 @@ import asyncio
 import random
 from array import array
 
-from openrlhf_oppo.integrations.runtime.deltas import SampleDelta
+from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta
 from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutActor
 
 
 def make_outbox() -> OppoRolloutActor:
     """The actor's outbox state as its `__init__` sets it (its base would start vLLM)."""
     actor = object.__new__(OppoRolloutActor)
-    actor._outbox, actor._outbox_ready = [], asyncio.Event()
-    actor._decoded, actor._drained, actor._wake_tokens = {}, {}, 1
+    actor._outbox = Outbox()
     return actor
 
 
@@ -29,7 +28,7 @@ async def replay(lengths: list[int], chunk: int) -> tuple[int, list[SampleDelta]
             if step < n:
                 actor._push(SampleDelta(sid, array("i", [step]), None, 0, "stop" if step == n - 1 else None, 0.0))
                 pushed += 1
-        if actor._outbox_ready.is_set() or step == max(lengths) - 1:
+        if actor._outbox.ready.is_set() or step == max(lengths) - 1:
             sent += await actor.next_outputs(0.0, chunk)
     return pushed, sent
 
