@@ -233,6 +233,18 @@ def reference_actors(cfg: SimConfig, costs: CostModel) -> CostModel:
                    **_prefill_terms(cfg, cfg.actor, 1))
 
 
+def engine_prefill(cfg: SimConfig, costs: CostModel) -> CostModel:
+    """A rollout engine's prefill (`prefill_s`): the actor's shape over `split.tensor_parallel`
+    devices, as the streaming actors' cost model; with the hybrid engine OPPO's stopped samples pay
+    it for prompt + held tokens when they decode on. A measured preset (no hardware) keeps its
+    measured prefill terms."""
+    if cfg.hardware is None or cfg.actor is None:
+        return costs
+    e = cfg.efficiency
+    return replace(costs, prefill_call_s=e.forward_overhead_s, prefill_per_chunk_s=e.chunk_overhead_s,
+                   **_prefill_terms(cfg, cfg.actor, cfg.split.tensor_parallel))
+
+
 def _groups(cfg: SimConfig, actor_params: int, critic_params: int) -> dict:
     """With the critic on devices of its own: each group's share of the pooled devices."""
     s = cfg.split

@@ -5,7 +5,10 @@ Engines advance in *segments*: between two events (a sequence finishes, or cross
 chunk boundary while streaming) the batch is fixed, so the segment's duration is the
 closed-form sum of its iterations (`CostModel.decode_run_s`). A pause (weight sync,
 training on shared devices, a prefill on the same device) cuts a segment at the
-iterations done by then. Time only moves forward; a test checks it.
+iterations done by then. With the hybrid engine (`split.sleep`) the driver stops every request
+at the batch (`Rollout.stop`: tokens kept, KV cache dropped) and starts them again after the
+wake (`Rollout.restart`): each pays a prefill of prompt + held tokens on its engine when it next
+enters the running batch. Time only moves forward; a test checks it.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class Request:
     """One response being decoded."""
 
     __slots__ = ("sample_id", "prompt_tokens", "target_tokens", "cap_tokens", "done", "reported", "cut", "start_s",
-                 "engine")
+                 "engine", "reprefill")
 
     def __init__(self, sample_id: int, prompt_tokens: int, target_tokens: int, cap_tokens: int) -> None:
         self.sample_id = sample_id
@@ -77,6 +80,7 @@ class Request:
         self.cut = 0  # tokens already cut into chunks (streaming)
         self.start_s: float | None = None
         self.engine = -1
+        self.reprefill = 0  # tokens to prefill again when it next runs (a stopped request: prompt + held)
 
     @property
     def finish_reason(self) -> str:
@@ -114,6 +118,8 @@ class Rollout:
         self.chunk_tokens = 0  # streaming: also stop at chunk boundaries (0: only at finishes)
         self.factor = 1.0  # decode slowdown (shared host)
         self.decoded_tokens = 0
+        self.prefill_costs = costs  # the engines' own prefill (`costs.engine_prefill`), for stopped requests
+        self.reprefilled_tokens = 0  # prompt + held tokens prefilled again (the metric oppo/reprefilled_tokens)
 
     # ------------------------------------------------------------------ driver calls
 
@@ -128,6 +134,27 @@ class Rollout:
                 self._cut(eng, now_s)
                 self._fill(eng, now_s)
                 self._plan(eng, now_s)
+
+    def stop(self, now_s: float) -> list[Request]:
+        """Every request leaves its engine where it is, its tokens kept and its KV cache dropped
+        (the hybrid engine's sleep); returns them."""
+        out = []
+        for eng in self.engines:
+            self._cut(eng, now_s)
+            out += eng.running + list(eng.waiting)
+            eng.running, eng.waiting = [], deque()
+        return out
+
+    def restart(self, reqs: list[Request], now_s: float) -> None:
+        """Stopped requests back on their engines, each to prefill its `reprefill` tokens again."""
+        touched = sorted({r.engine for r in reqs})
+        for r in reqs:
+            self.engines[r.engine].waiting.append(r)
+        for i in touched:
+            eng = self.engines[i]
+            self._cut(eng, now_s)
+            self._fill(eng, now_s)
+            self._plan(eng, now_s)
 
     def pause(self, now_s: float, engines: list[int] | None = None) -> None:
         for i in self._which(engines):
@@ -192,11 +219,33 @@ class Rollout:
         return range(len(self.engines)) if engines is None else engines
 
     def _fill(self, eng: _Engine, now_s: float) -> None:
+        resumed = []
         while eng.waiting and len(eng.running) < self.costs.seqs_per_engine:
             r = eng.waiting.popleft()
             if r.start_s is None:
                 r.start_s = now_s
+            if r.reprefill:
+                resumed.append(r)
             eng.running.append(r)
+        if resumed:
+            self._reprefill(eng, resumed, now_s)
+
+    def _reprefill(self, eng: _Engine, resumed: list[Request], now_s: float) -> None:
+        """Stopped requests entering the batch: one prefill call over their prompt + held tokens;
+        the engine decodes nothing meanwhile."""
+        chunks = [(0, r.reprefill) for r in resumed]
+        tokens = sum(n for _, n in chunks)
+        for r in resumed:
+            r.reprefill = 0
+        self.reprefilled_tokens += tokens
+        self.pause(now_s, [eng.index])
+        self.loop.at(now_s + self.prefill_costs.prefill_s(chunks), self._reprefilled, eng, now_s, tokens)
+
+    def _reprefilled(self, eng: _Engine, t0_s: float, tokens: int) -> None:
+        now_s = self.loop.now_s
+        eng.busy.append((t0_s, now_s))
+        self.recorder.span("rollout", eng.index, "reprefill", t0_s, now_s, tokens=tokens)
+        self.resume(now_s, [eng.index])
 
     def _steps_to_event(self, eng: _Engine) -> int:
         k = min(r.target_tokens - r.done for r in eng.running)

@@ -6,8 +6,12 @@ The rules, from OpenRLHF 0.11.2's `cli/train_ppo_ray.py` and OPPO's integration:
                 placement group, the reward model included (`split.score_gpus` 0). OpenRLHF's async
                 modes cannot (with `--train.async_enable` it "only colocates DeepSpeed models": vLLM
                 gets its own devices).
-    sleep       the hybrid engine: sync only ("Async RLHF is not supported with --vllm.enable_sleep";
-                OPPO refuses it, its engines decode while the trainer trains).
+    sleep       the hybrid engine, colocated: `sync` and OPPO's schedules without async admission (OPPO
+                stops its carried requests at the batch and decodes them on after the wake). OpenRLHF's
+                async modes refuse it ("Async RLHF is not supported with --vllm.enable_sleep"), and so
+                does OPPO's async admission (`staleness.max_policy_lag` >= 1, `oppo-async`): asleep,
+                nothing decodes while the models train. OPPO's streaming actors beside the engines do
+                not sleep: they keep their caches.
     split       vLLM on its own devices. The critic beside the actor and the reward model among
                 the DeepSpeed models (`split.reward_with_train`) only under `--train.colocate_all`
                 with `--train.async_enable`; otherwise the critic has devices of its own
@@ -39,20 +43,25 @@ ASYNC_BASELINES = ("async", "partial", "oversample")
 
 
 def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool = True,
-         ref_actors: bool = False) -> str | None:
+         ref_actors: bool = False, async_admission: bool = False) -> str | None:
     """Why `schedule`'s framework cannot run `split`; None when it can. `streams_reward`: OPPO
     streams chunks into the reward model (its reward group is made of streaming reward actors);
     `critic`: the run has a critic; `ref_actors`: OPPO streams the reference into streaming
-    reference actors."""
+    reference actors; `async_admission`: OPPO admits the next step's groups while the trainer
+    trains (`admits_async`)."""
     async_mode = schedule in ASYNC_BASELINES
     if split.reference_gpus and not ref_actors:
         return ("devices for streaming reference actors (split.reference_gpus) serve only OPPO streaming the "
                 "reference into them (streaming.reference and streaming.reference_actors)")
+    if split.sleep and async_mode:
+        return ("OpenRLHF refuses sleep mode with its async modes (\"Async RLHF is not supported with "
+                "--vllm.enable_sleep\")")
     if split.colocate and async_mode:
         return ("OpenRLHF's async modes keep vLLM on its own devices (--train.colocate_all with "
                 "--train.async_enable colocates only the DeepSpeed models)")
-    if split.sleep and schedule != "sync":
-        return "sleep mode is for sync only (OpenRLHF refuses it with async; OPPO refuses --vllm.enable_sleep)"
+    if split.sleep and async_admission:
+        return ("OPPO refuses sleep mode with async admission (staleness.max_policy_lag >= 1): asleep, the engines "
+                "decode nothing while the models train")
     if streams_reward and split.reward_with_train:
         return ("streaming reward actors beside the DeepSpeed models (--train.colocate_critic_reward) are not "
                 "modelled: give them devices of their own or the engines'")
@@ -73,6 +82,14 @@ def streams_reward(cfg: SimConfig, schedule: str) -> bool:
     return "reward" in schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.scorers()
 
 
+def admits_async(cfg: SimConfig, schedule: str) -> bool:
+    """Whether `schedule` admits the next step's groups while the trainer trains (OPPO's
+    `staleness.max_policy_lag` >= 1 with `cfg`'s OPPO settings, as `oppo-async`)."""
+    if schedule not in OPPO_SCHEDULES:
+        return False
+    return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).staleness.max_policy_lag >= 1
+
+
 def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams the reference into OPPO's streaming reference actors."""
     if schedule not in OPPO_SCHEDULES:
@@ -86,7 +103,8 @@ def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     it (empty: it can)."""
     streams, ref = streams_reward(cfg, schedule), streams_reference_actors(cfg, schedule)
     # a measured preset is one shared host (cpu-longtail): where the critic sits changes no device
-    reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None, ref)
+    reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None, ref,
+                  admits_async(cfg, schedule))
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
         cfg = memory.fit_engines(cfg, ref)
@@ -118,7 +136,8 @@ def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
 
 
 def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
-    """Splits of `cfg`'s nodes (one pattern a node): colocated with and without sleep, and every
+    """Splits of `cfg`'s nodes (one pattern a node): colocated with and without sleep (OpenRLHF's
+    reward model among the DeepSpeed models, or OPPO's streaming actors beside the engines), and every
     split of a node's devices into vLLM (a multiple of TP), reward (none, one or two devices; a
     streaming reward actor holds the whole model) and DeepSpeed devices, the critic's apart (about
     half of them) or not; with `ref_actors`, split layouts also with one device a node for streaming
@@ -132,7 +151,7 @@ def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
         if g % tp == 0:  # OpenRLHF's reward model among the DeepSpeed models, or OPPO's scorers beside the engines
             coloc = dataclasses.replace(base, colocate=True, generate_gpus=g, train_gpus=g, score_gpus=0)
             out += [dataclasses.replace(coloc, sleep=sleep, reward_with_train=True) for sleep in (False, True)]
-            out.append(coloc)
+            out += [dataclasses.replace(coloc, sleep=sleep) for sleep in (False, True)]
         for gen, ref in ((gen, ref) for gen in range(tp, g, tp) for ref in ((0, 1) if ref_actors else (0,))):
             for score in (0, 1, 2):
                 rest = g - gen - score - ref
@@ -160,9 +179,11 @@ def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
     runnable: dict[str, list[SimConfig]] = {s: [] for s in schedules}
     refused = []
     kinds = {s: (streams_reward(cfg, s), streams_reference_actors(cfg, s)) for s in schedules}
+    lagged = {s: admits_async(cfg, s) for s in schedules}
     for split in candidates(cfg, any(ref for _, ref in kinds.values())):
         base = dataclasses.replace(cfg, split=split)
-        allowed = [s for s in schedules if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1]) is None]
+        allowed = [s for s in schedules
+                   if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1], lagged[s]) is None]
         for kind in sorted({kinds[s] for s in allowed}):
             trial = memory.fit_engines(base, kind[1])
             over = memory.overflow(trial, *kind)

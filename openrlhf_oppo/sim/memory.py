@@ -27,9 +27,11 @@ Per device (bytes), by the role's devices::
 Colocated devices hold the engines' and the training devices' items at once (vLLM stays awake),
 or, with `split.sleep` (OpenRLHF's hybrid engine: `--vllm.enable_sleep --ds.enable_sleep`), one
 side at a time: each step then moves vLLM's weights and the DeepSpeed states over PCIe, out and
-back (`sleep_transfer_s`). A colocated layout without sleep gives vLLM what the training side and
-the streaming actors beside the engines leave (`fit_engines`), which may hold fewer sequences; so
-does a split layout with streaming actors beside its engines.
+back (`sleep_transfer_s`). OPPO's streaming actors beside the engines do not sleep (they keep their
+caches): they sit beside whichever side is awake. A colocated layout without sleep gives vLLM what
+the training side and the streaming actors beside the engines leave (`fit_engines`), which may hold
+fewer sequences; so do a sleeping layout and a split layout with streaming actors beside the engines
+(what those actors leave).
 """
 
 from __future__ import annotations
@@ -174,9 +176,9 @@ def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) -> lis
     on_engines = _beside_engines(cfg, ref_actors)
     out = []
     if s.colocate:
-        if s.sleep:  # one side at a time: the larger must fit
-            side = max((train, engines + on_engines), key=_load)
-            out.append(DeviceUse("colocated", tuple(side + reserve), cap))
+        if s.sleep:  # one side at a time: the larger must fit; OPPO's streaming actors stay awake beside both
+            side = max((train, engines), key=_load)
+            out.append(DeviceUse("colocated", tuple(side + on_engines + reserve), cap))
         else:
             out.append(DeviceUse("colocated", tuple(engines + on_engines + train + reserve), cap))
     else:
@@ -208,14 +210,16 @@ def overflow(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) ->
 def fit_engines(cfg: SimConfig, ref_actors: bool = False) -> SimConfig:
     """vLLM's share (`workload.kv_cache_fraction`) lowered to what the other items on its devices and
     the reserve leave, never raised: colocated with vLLM awake, the training side and the streaming
-    actors beside the engines; split, those actors (`ref_actors`: the reference actors among them).
-    Other layouts as given."""
+    actors beside the engines; split or asleep (`split.sleep`: the training side is away while vLLM
+    generates), those actors (`ref_actors`: the reference actors among them). Other layouts as given."""
     s = cfg.split
     beside = _load(_beside_engines(cfg, ref_actors))
-    if s.sleep or not (s.colocate or beside):
+    awake_beside_training = s.colocate and not s.sleep
+    if not (awake_beside_training or beside):
         return cfg
     cap = cfg.hardware.hbm_bytes
-    others = beside + RESERVE_BYTES + (_load(training_items(cfg, ref_actors=ref_actors)) if s.colocate else 0.0)
+    others = beside + RESERVE_BYTES + (_load(training_items(cfg, ref_actors=ref_actors)) if awake_beside_training
+                                       else 0.0)
     share = min(cfg.workload.kv_cache_fraction, max(0.0, (cap - others) / cap))
     return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, kv_cache_fraction=share))
 

@@ -95,7 +95,10 @@ def test_reward_with_train_is_a_make_experience_stage_not_a_reward_server_call()
 @pytest.mark.parametrize(("schedule", "split", "refused"), [
     ("async", {"colocate": True}, "own devices"),
     ("oversample", {"colocate": True}, "own devices"),
-    ("oppo", {"colocate": True, "sleep": True}, "sleep mode"),
+    ("oppo", {"colocate": True, "sleep": True, "score_gpus": 0}, None),  # the hybrid engine, reward actors beside
+    ("oppo-inter", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
+    ("async", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, "Async RLHF"),
+    ("partial", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, "Async RLHF"),
     ("oppo-async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "streaming reward actors"),
     ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True, "critic_gpus": 1}, None),
     ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "devices of their own"),

@@ -18,6 +18,19 @@ so the groups admitted early wait: they start decoding after the sync, with the 
 and async admission changes when groups are admitted (and bounds their lag), not the
 timeline. On a shared host (`cpu-longtail`, not colocated) they decode during training, both
 slowed by the `*_slowdown_shared` factors.
+
+The hybrid engine (`split.sleep`, sync admission only: the layout rules refuse async)::
+
+    engines  ==== step t ====|stop| asleep .................................|wake|pre|== step t+1
+    train                         [off][exp][train]         [sync]
+                                  ^ batch: every carried request stops, its tokens fed and kept
+
+At the batch every request still decoding stops where it is (`Rollout.stop`, as the integration's
+park: vLLM's KV cache is dropped while it sleeps); nothing decodes until the wake. The sleep and
+wake moves are the world's (`offload` before make_experience, the wake inside the sync). When the
+next step begins the stopped samples go back to their engines and each pays a prefill of its
+prompt + the tokens the scheduler holds for it (`pre`; `reprefilled_tokens`). Streaming actors
+keep their caches.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from openrlhf_oppo import config as oppo_config_module
 from openrlhf_oppo.core import OverlapScheduler, StepStats
 from openrlhf_oppo.core.types import StepPlan, StepReport, TrainBatch
 from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
+from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
@@ -49,6 +63,7 @@ class OppoRunResult(RunResult):
     """A run of an OPPO schedule, with what the scheduler reported for each trained step."""
 
     reports: list[StepReport] = field(default_factory=list)  # end_step's report, one per trained step
+    reprefilled_tokens: int = 0  # sleep mode: prompt + held tokens the engines prefilled again
 
 
 class OppoDriver(World):
@@ -70,6 +85,13 @@ class OppoDriver(World):
         if on_train:
             self.streamer = TrainStreamer(self, on_train, self.on_streamed)
         self.async_admission = oppo.staleness.max_policy_lag >= 1
+        if cfg.split.sleep and self.async_admission:
+            raise ValueError(f"split.sleep: schedule {name} admits asynchronously (staleness.max_policy_lag "
+                             f"{oppo.staleness.max_policy_lag}); asleep, the engines decode nothing while the "
+                             "models train: use a schedule without async admission or no sleep")
+        self.stopped: list[Request] = []  # sleep mode: requests stopped at the batch, to decode on after the wake
+        if cfg.split.sleep:
+            self.rollout.prefill_costs = cost_model.engine_prefill(cfg, costs)
         self.reqs: dict[int, Request] = {}
         self.step = 0  # the open step (under async admission: begun while the trainer trains the one before)
         self.waiting = False  # the trainer waits for the open step's batch (take_batch may run)
@@ -88,7 +110,7 @@ class OppoDriver(World):
         fields = {**vars(result), "admitted_groups": self.sched.admitted_groups_total,
                   "held_groups": self.sched.in_flight_groups,
                   "trained_group_ids": [row[0] for row in self.sched.ledger]}
-        return OppoRunResult(**fields, reports=self.reports)
+        return OppoRunResult(**fields, reports=self.reports, reprefilled_tokens=self.rollout.reprefilled_tokens)
 
     # a step's phases: admit, generate + stream, batch, (async: admit the next) train, sync, adapt
 
@@ -109,6 +131,11 @@ class OppoDriver(World):
                 self.reqs[r.sample_id] = r
         self.rollout.replan(now_s)
         start = now_s + self.costs.generate_overhead_s
+        if self.stopped:  # before the new groups, so that placement counts them (as the pool's does)
+            for r in self.stopped:
+                r.reprefill = r.prompt_tokens + len(self.sched.held_tokens(r.sample_id))
+            self.loop.at(start, self.rollout.restart, self.stopped, start)
+            self.stopped = []
         self.loop.at(start, self.rollout.admit, groups, start)
         return plan
 
@@ -178,6 +205,9 @@ class OppoDriver(World):
         samples = [s for g in batch.groups for s in g.samples]
         for s in samples:
             del self.reqs[s.sample_id]
+        if self.cfg.split.sleep:  # the engines sleep next: every carried request stops, its tokens fed
+            self.stopped = self.rollout.stop(now_s)
+            self.send(self.report(self.stopped, []), now_s)
         self.flush(now_s)
         stats = StepStats(self.mean_reward(self.step), self.rollout.decoded_tokens - self.decoded_at_admit,
                           now_s - self.admit_s)
