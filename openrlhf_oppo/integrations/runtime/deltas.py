@@ -5,8 +5,8 @@ sample and policy version before they cross Ray.
 vLLM's `RequestOutputKind.DELTA` stream yields about one token per engine step per
 request; the engine's outbox is drained once a chunk is due (`OppoRolloutActor.next_outputs`),
 so a reply held ~C single-token deltas per sample. One merged delta per sample and
-version is ~C times fewer Python objects to pickle, send and feed to the scheduler core
-(issue 26, item 9). `Outbox` holds an engine's deltas until the driver drains them. Pure
+version is ~C times fewer Python objects to pickle, send and feed to the scheduler core.
+`Outbox` holds an engine's deltas until the driver drains them. Pure
 Python: imports neither Ray nor vLLM (a synthetic engine, `bench control-plane`, uses it too).
 """
 

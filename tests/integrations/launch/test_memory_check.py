@@ -1,4 +1,4 @@
-"""The colocated-layout memory check (issue 26, item 4): 7B-like checkpoints (a config.json, no
+"""The colocated-layout memory check: 7B-like checkpoints (a config.json, no
 weights) on a fake 80 GB GPU, through `preflight.check_config` as both entry points run it."""
 
 from __future__ import annotations

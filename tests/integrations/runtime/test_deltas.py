@@ -1,5 +1,5 @@
 """merge_deltas: an engine's drained outbox, joined per sample and policy version before it
-crosses Ray (issue 26, item 9)."""
+crosses Ray."""
 
 from __future__ import annotations
 

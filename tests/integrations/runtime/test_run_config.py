@@ -1,4 +1,4 @@
-"""run_config: whether the engines detokenise (issue 26, item 9)."""
+"""run_config: whether the engines detokenise."""
 
 from __future__ import annotations
 
