@@ -26,7 +26,7 @@ from collections import Counter, deque
 import ray
 
 from openrlhf_oppo.bench.synthetic import LengthModel
-from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest, merge_deltas
+from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.reward_dispatch import ScoreReply
 
 TICK_S = 0.05  # the engine emits every 50 ms: 2 tokens per sequence at 40 tokens/s (vLLM: 1 per ~25 ms step)
@@ -44,26 +44,12 @@ class DueOnlyOutbox(Outbox):
     driver's cost is mostly per delta, and the product's drain hands over every sample that
     decoded anything, a few tokens each at small C."""
 
-    async def drain(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
-        self.wake_tokens = wake_tokens
-        if any(self._chunk_ready(sid) for sid in self.decoded):
-            self.ready.set()
-        try:
-            await asyncio.wait_for(self.ready.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
+    def _take(self) -> list[SampleDelta]:
         due = {sid for sid in self.decoded if self._chunk_ready(sid)}
         due.update(d.sample_id for d in self.deltas if d.finish_reason is not None)
         out = [d for d in self.deltas if d.sample_id in due]
         self.deltas = [d for d in self.deltas if d.sample_id not in due]
-        for d in out:
-            if d.finish_reason is None:
-                self.drained[d.sample_id] = self.decoded[d.sample_id]
-            else:
-                self.decoded.pop(d.sample_id, None)
-                self.drained.pop(d.sample_id, None)
-        self.ready.clear()
-        return merge_deltas(out)
+        return out
 
 
 class _Sequence:

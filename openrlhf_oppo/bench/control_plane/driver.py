@@ -132,7 +132,8 @@ def generator_args(w: Workload) -> SimpleNamespace:
     return ns(rollout=ns(batch_size=w.prompts, n_samples_per_prompt=w.samples),
               algo=ns(advantage=ns(is_correction_level="off")),
               reward=ns(remote_url=None, model_name_or_path=None),
-              train=ns(full_determinism_enable=False, seed=w.seed, agent_func_path=None))
+              train=ns(full_determinism_enable=False, seed=w.seed, agent_func_path=None),
+              vllm=ns(enable_sleep=False))
 
 
 def build(w: Workload, chunk_tokens: int, engines: list, scorers: list, progress: bool

@@ -140,8 +140,13 @@ class Outbox:
         # the scheduler cuts chunks at multiples of C from the response start: wake at those
         return self.decoded[sid] // self.wake_tokens > self.drained.get(sid, 0) // self.wake_tokens
 
+    def _take(self) -> list[SampleDelta]:
+        """The deltas a drain hands over: every one pushed."""
+        out, self.deltas = self.deltas, []
+        return out
+
     async def drain(self, timeout_s: float, wake_tokens: int = 1) -> list[SampleDelta]:
-        """Every delta pushed, once something is worth a round trip: a sample finished or
+        """Every delta pushed (`_take`), once something is worth a round trip: a sample finished or
         has `wake_tokens` unsent tokens, or `timeout_s` passed; merged per sample and policy
         version (`merge_deltas`)."""
         self.wake_tokens = wake_tokens
@@ -151,7 +156,7 @@ class Outbox:
             await asyncio.wait_for(self.ready.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
-        out, self.deltas = self.deltas, []
+        out = self._take()
         for d in out:
             if d.finish_reason is None:
                 self.drained[d.sample_id] = self.decoded[d.sample_id]
