@@ -36,3 +36,23 @@ def test_unknown_yaml_key_names_file_and_key(tmp_path, capsys):
     assert main(["train", "--schedule", "sync", "--config", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "bad.yaml: unknown key 'rollout.batchsize'" in err
+
+
+def test_the_closing_summary_reads_the_runs_tensorboard(tmp_path):
+    """Steps, the reward at the first and the last step, the mean step time after the first
+    (from the steps' wall times: 10 s, then 4 s and 6 s), and where the outputs are."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from openrlhf_oppo.bench.schedules import STEP_TAG
+    from openrlhf_oppo.cli.train import REWARD_TAG, summary
+
+    assert summary(tmp_path) == []  # nothing logged: nothing to sum up
+    writer = SummaryWriter(str(tmp_path / "tensorboard"))
+    for step, (wall, reward) in enumerate([(100.0, -0.25), (110.0, 0.5), (114.0, 0.75), (120.0, 1.0)], start=1):
+        writer.add_scalar(STEP_TAG, 0.0, step, walltime=wall)
+        writer.add_scalar(REWARD_TAG, reward, step, walltime=wall)
+    writer.close()
+    assert summary(tmp_path) == [
+        "4 steps; reward -0.250 at the first, +1.000 at the last (train/reward); 6.7 s a step after the first",
+        f"outputs in {tmp_path}: train.log, tensorboard/, timeline/ (openrlhf-oppo plot timeline {tmp_path})",
+    ]

@@ -57,10 +57,6 @@ def _task_flags(flags: dict, assets_dir: str | None, variant: str) -> tuple[dict
     return {k: v for k, v in defaults.items() if k not in flags}, assets.actor / "tokenizer.json"
 
 
-def main(argv: list[str]) -> int:
-    return run(argv).returncode
-
-
 @dataclass(frozen=True)
 class _Plan:
     """What a run launches: OpenRLHF's flags, the argv after them, and whether OPPO runs."""
@@ -96,7 +92,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
 
 
 def run(argv: list[str]):
-    """`main` returning the launcher's RunResult (exit code, wall time, run paths)."""
+    """One `openrlhf-oppo train` run from its argv: the launcher's RunResult (exit code, wall time, run paths)."""
     args = _parser().parse_args(argv)
     from openrlhf_oppo.integrations.launch import launcher, preflight, schedules
 
