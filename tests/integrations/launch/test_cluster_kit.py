@@ -74,7 +74,8 @@ def test_bash_n(script):
 def test_every_setup_has_a_script():
     names = {p.name for p in SCRIPTS}
     assert {"train_oppo_qwen2.5_7b_8gpu.sh", "train_oppo_gsm8k_grpo.sh", "train_oppo_gsm8k_ppo.sh",
-            "train_oppo_3b_8xa100.sh", "train_oppo_multinode.sh", "train_oppo_slurm.sh"} <= names
+            "train_oppo_3b_8xa100.sh", "train_oppo_multinode.sh", "train_oppo_slurm.sh",
+            "train_oppo_qwen2.5_7b_hybrid.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -207,7 +208,7 @@ def _readme_example_argv() -> list[str]:
     return training_argv(shlex.split(block.replace("\\\n", " ")))
 
 
-@pytest.mark.parametrize("where", ["README example", "multinode-16gpu.yaml"])
+@pytest.mark.parametrize("where", ["README example", "multinode-16gpu.yaml", "qwen2.5-7b-hybrid-8gpu.yaml"])
 def test_an_explicit_kv_budget_holds_every_sequence_in_flight_per_reward_actor(where, monkeypatch):
     """Chunks reach a reward actor round-robin over its samples in flight, LRU's worst case:
     with a budget below their tokens nearly every chunk re-prefills its whole sequence."""

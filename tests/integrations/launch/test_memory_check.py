@@ -114,3 +114,17 @@ def test_asleep_vllm_is_no_remedy_when_the_training_phase_overflows(tmp_path, gp
     with pytest.raises(ValueError, match=r"at least [\d.]+ GB while the models train") as err:
         check(hybrid, util=0.3, budget=65536)
     assert "--vllm.gpu_memory_utilization" not in str(err.value).split("What would fit")[1]
+
+
+def test_the_hybrid_engine_preset_fits_80_gb_gpus_and_would_not_awake(tmp_path, gpu_80gb, capsys):
+    """configs/cluster/qwen2.5-7b-hybrid-8gpu.yaml with its hub models replaced by 7B configs
+    (Qwen2.5-7B's shape for the actor and the reward model): 77.4 GB while vLLM generates, as
+    its comment says; without the sleep flags the same layout is refused."""
+    preset = dict(yaml_config.load(CONFIG.parent / "cluster" / "qwen2.5-7b-hybrid-8gpu.yaml").flags)
+    layout = make_layout(tmp_path)
+    preset.update({k: layout[k] for k in ("actor.model_name_or_path", "reward.model_name_or_path")})
+    argv = ["--oppo.streaming.kv_budget_tokens", "65536"]
+    preflight.check_config(preset, argv, oppo=True)
+    assert "77.4 of 80.0 GB per GPU at most (while vLLM generates" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"--vllm\.enable_sleep --ds\.enable_sleep \(OpenRLHF's hybrid engine"):
+        preflight.check_config({**preset, "vllm.enable_sleep": False, "ds.enable_sleep": False}, argv, oppo=True)
