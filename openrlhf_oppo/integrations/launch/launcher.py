@@ -190,7 +190,7 @@ def launch(
         log_file.flush()
         # the child writes to RUN_DIR/train.log (it outlives this process if need be) and a
         # thread copies what it writes to this process's stdout
-        echo = _Follower(paths.log, log_file.tell(), keep=None if verbose else quiet_line)
+        echo = _Follower(paths.log, log_file.tell(), keep=None if verbose else QuietLines())
         if not verbose:
             _log(f"Ray's, vLLM's and OpenRLHF's output goes to {paths.log}; here: OPPO's progress, warnings and "
                  "errors (--verbose shows everything)")
@@ -216,20 +216,36 @@ def launch(
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_PREFIX = re.compile(r"^(\(\w+ pid=\d+(?:, ip=[\d.]+)?\)\s*)+")  # "(ActorName pid=12) (Worker pid=13) "
+_RAY_PREFIX = re.compile(r"^(\(\w+ pid=\d+(?:, ip=[\d.]+)?\) ?)+")  # "(ActorName pid=12) (Worker pid=13) "
 _TROUBLE = re.compile(r"Traceback|Error\b|Exception\b|^\s*File \"|\bERROR\b|Killed|FAILED|error:")
+# the last line of a traceback: `Type: message` (Ray's `RayTaskError(Type): ...` too) or a bare `Type`
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]*\))?(: |$)")
 
 
-def quiet_line(line: str) -> str | None:
-    """What a quiet run shows of one line of its log: this package's lines (the launcher's, and the
-    `OPPO` progress bar and messages of the Ray actors, a progress bar's last redraw only) and
-    errors; None for the rest (Ray's, vLLM's and OpenRLHF's INFO and warnings, their metric dicts
-    and progress bars), which stays in train.log. Progress bars redraw with carriage returns
-    (OpenRLHF's may share OPPO's line): the last redraw worth showing."""
-    for part in reversed(_RAY_PREFIX.sub("", _ANSI.sub("", line)).split("\r")):
-        if part.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(part):
-            return part
-    return None
+class QuietLines:
+    """What a quiet run shows of its log, line by line: this package's lines (the launcher's, and
+    the `OPPO` progress bar and messages of the Ray actors, a progress bar's last redraw only) and
+    errors, every line of a traceback through its exception's message; None for the rest (Ray's,
+    vLLM's and OpenRLHF's INFO and warnings, their metric dicts and progress bars), which stays in
+    train.log. Progress bars redraw with carriage returns (OpenRLHF's may share OPPO's line): the
+    last redraw worth showing."""
+
+    def __init__(self) -> None:
+        self.traceback = False  # inside one: until a line that neither is indented nor names an exception
+
+    def __call__(self, line: str) -> str | None:
+        message = _RAY_PREFIX.sub("", _ANSI.sub("", line))
+        if self.traceback:
+            if message[:1].isspace() or _EXCEPTION.match(message) or message.startswith(("During handling",
+                                                                                          "The above exception")):
+                return message
+            self.traceback = False
+        for part in reversed(message.split("\r")):
+            if part.startswith("Traceback"):
+                self.traceback = True
+            if part.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(part):
+                return part
+        return None
 
 
 class _Follower:

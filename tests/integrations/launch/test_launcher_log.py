@@ -58,7 +58,7 @@ RUN_LOG = [  # as OpenRLHF's Ray pipeline writes train.log (colours, actor prefi
 
 
 def test_a_quiet_run_shows_oppos_lines_and_errors_and_keeps_the_rest_in_the_log():
-    shown = [launcher.quiet_line(line) for line in RUN_LOG]
+    shown = list(map(launcher.QuietLines(), RUN_LOG))
     assert [i for i, line in enumerate(shown) if line is not None] == [0, 4, 6, 7, 8]
     assert shown[4] == "OPPO: 4step [00:23, reward=0.008]"  # OPPO's bar's last redraw, not OpenRLHF's after it
     assert shown[8] == "RuntimeError: OPPO step 3: sample 9 failed"  # without the actor's colours and prefix
@@ -67,8 +67,24 @@ def test_a_quiet_run_shows_oppos_lines_and_errors_and_keeps_the_rest_in_the_log(
 def test_the_quiet_follower_shows_whole_lines_only_and_the_last_one_at_the_end(tmp_path, capsys):
     log = tmp_path / "train.log"
     log.write_text("")
-    follower = launcher._Follower(log, 0, poll_s=0.01, keep=launcher.quiet_line)
+    follower = launcher._Follower(log, 0, poll_s=0.01, keep=launcher.QuietLines())
     follower._write("INFO noise\nOPPO: 1st", done=False)
     assert capsys.readouterr().out == ""  # the progress line has not ended yet
     follower._write("ep\nWARNING noise\nValueError: bad row", done=True)
     assert capsys.readouterr().out == "OPPO: 1step\nValueError: bad row\n"
+
+
+def test_a_quiet_run_shows_a_whole_ray_traceback_and_nothing_after_it():
+    """A stop on request ends in Ray's traceback of the trainer's exception: its message (where the
+    checkpoint is and how to resume) is shown, though neither it nor its type says Error."""
+    prefix = "\x1b[36m(OppoPPOTrainerImpl pid=3391)\x1b[0m "
+    log = ["Traceback (most recent call last):",
+           '  File "/ray/_private/worker.py", line 1023, in get_objects',
+           "ray.exceptions.RayTaskError(StopRequested): ray::OppoPPOTrainerImpl.fit() (pid=3391)",
+           prefix + '  File "/openrlhf_oppo/integrations/runtime/trainer.py", line 147, in save_logs',
+           "openrlhf_oppo.integrations.runtime.trainer.StopRequested: OPPO: stopped on request after step 2",
+           "INFO 11-26 ray shutting down",
+           "openrlhf-oppo train: stopped on SIGTERM (exit 143)"]
+    shown = list(map(launcher.QuietLines(), log))
+    assert shown[:5] == [line.replace(prefix, "") for line in log[:5]]
+    assert shown[5:] == [None, log[6]]
