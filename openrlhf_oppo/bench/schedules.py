@@ -95,10 +95,11 @@ def trained_tokens(scalars: dict[str, list[tuple[float, int, float]]], steps: li
     return sum(length[s] * samples[s] for s in steps)
 
 
-def summarize_run(root: Path, warmup_steps: int = 2) -> dict:
+def summarize_run(root: Path, warmup_steps: int = 2, scalars: dict | None = None) -> dict:
     """Per-run figures from a run directory written by `openrlhf-oppo train`; the first
-    `warmup_steps` steps are left out (the last of them only marks where the window starts)."""
-    scalars = tensorboard_scalars(root / "tensorboard")
+    `warmup_steps` steps are left out (the last of them only marks where the window starts).
+    `scalars`: its TensorBoard scalars when the caller has read them already."""
+    scalars = tensorboard_scalars(root / "tensorboard") if scalars is None else scalars
     events = scalars.get(STEP_TAG, [])[max(0, warmup_steps - 1):]
     walls = [w for w, _, _ in events]
     step_s = [b - a for a, b in zip(walls, walls[1:], strict=False)]

@@ -28,11 +28,11 @@ def summary(root: Path) -> list[str]:
     """The closing lines of a run directory (none when it logged no step)."""
     from openrlhf_oppo.bench.schedules import summarize_run, tensorboard_scalars
 
-    rewards = [v for _, _, v in tensorboard_scalars(root / "tensorboard").get(REWARD_TAG, [])] \
-        if (root / "tensorboard").is_dir() else []
+    scalars = tensorboard_scalars(root / "tensorboard") if (root / "tensorboard").is_dir() else {}
+    rewards = [v for _, _, v in scalars.get(REWARD_TAG, [])]
     if not rewards:
         return []
-    mean_s = summarize_run(root, warmup_steps=1)["mean_step_s"]
+    mean_s = summarize_run(root, warmup_steps=1, scalars=scalars)["mean_step_s"]
     pace = f"; {mean_s:.1f} s a step after the first" if mean_s else ""
     return [f"{len(rewards)} steps; reward {rewards[0]:+.3f} at the first, {rewards[-1]:+.3f} at the last "
             f"({REWARD_TAG}){pace}",
