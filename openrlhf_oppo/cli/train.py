@@ -15,6 +15,7 @@ from openrlhf_oppo.integrations.launch.train_run import run
 __all__ = ["main", "run", "summary"]
 
 REWARD_TAG = "train/reward"  # OpenRLHF's mean reward of the trained batch, one value a step
+LEARNING_STEPS = 8  # the closing summary's learn-task figures: the first steps against the last
 
 
 def main(argv: list[str]) -> int:
@@ -36,4 +37,44 @@ def summary(root: Path) -> list[str]:
     pace = f"; {mean_s:.1f} s a step after the first" if mean_s else ""
     return [f"{len(rewards)} steps; reward {rewards[0]:+.3f} at the first, {rewards[-1]:+.3f} at the last "
             f"({REWARD_TAG}){pace}",
+            *_learning(root),
             f"outputs in {root}: train.log, tensorboard/, timeline/ (openrlhf-oppo plot timeline {root})"]
+
+
+def _learning(root: Path, steps: int = LEARNING_STEPS) -> list[str]:
+    """For the learn task: exact match of the trained samples (rollouts.jsonl) against the SFT
+    policy's on the same prompts (the task's data/sft_baseline.jsonl: what the prompts alone
+    would give), mean response length and the share at the cap, the first `steps` steps
+    against the last; nothing for another task, or a run of fewer than 2 * `steps` steps."""
+    import json
+
+    from openrlhf_oppo.bench.convergence.read import jsonl, load_baseline, load_tokenizer, trained_samples
+
+    records = jsonl(root / "rollouts.jsonl")
+    argv = json.loads((root / "command.json").read_text()) if (root / "command.json").exists() else []
+    if len(records) < 2 * steps or "--actor.model_name_or_path" not in argv:
+        return []
+    actor = Path(argv[argv.index("--actor.model_name_or_path") + 1])
+    text = load_tokenizer(actor)
+    cap = int(argv[argv.index("--rollout.max_new_tokens") + 1]) if "--rollout.max_new_tokens" in argv else None
+    baseline = load_baseline(actor.parent / "data" / "sft_baseline.jsonl") or {}
+
+    def figures(rows: list[dict]) -> dict | None:
+        found = [trained_samples(r, text) for r in rows]
+        exact = [x for f in found for x in (f["exact"] or [])]
+        lengths = [n for f in found for n in f["lengths"]]
+        if not exact or len(exact) != len(lengths):  # not the learn task's prompts
+            return None
+        sft = [baseline[s["prompt"]][1] for r in rows for s in r["samples"] if s["prompt"] in baseline]
+        return {"exact": sum(exact) / len(exact), "sft": sum(sft) / len(sft) if len(sft) == len(exact) else None,
+                "tokens": sum(lengths) / len(lengths),
+                "at_cap": sum(n >= cap for n in lengths) / len(lengths) if cap else 0.0}
+
+    first, last = figures(records[:steps]), figures(records[-steps:])
+    if first is None or last is None:
+        return []
+    sft = (f" (the SFT policy on the same prompts: {first['sft']:.2f} -> {last['sft']:.2f})"
+           if first["sft"] is not None and last["sft"] is not None else "")
+    return [f"exact match {first['exact']:.2f} -> {last['exact']:.2f}{sft}; mean response {first['tokens']:.0f} -> "
+            f"{last['tokens']:.0f} tokens; at the {cap}-token cap {first['at_cap']:.0%} -> {last['at_cap']:.0%} "
+            f"(trained samples, first {steps} steps -> last {steps}, rollouts.jsonl)"]

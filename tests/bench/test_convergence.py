@@ -480,15 +480,15 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
         (out / run / "model").mkdir(parents=True)
     seen = {}
 
-    def fake_evaluate(root_, actors, trained, samples_per_prompt):
-        seen.update(root=root_, actors=actors, trained=trained, samples_per_prompt=samples_per_prompt)
+    def fake_evaluate(root_, actors, trained, spec, samples_per_prompt):
+        seen.update(root=root_, actors=actors, trained=trained, spec=spec, samples_per_prompt=samples_per_prompt)
 
         def ev(em, reward):
             return {
                 "prompts": 256,
                 "exact_match": em,
                 "mean_reward": reward,
-                "response_tokens": {"median": 7},
+                "response_tokens": {"median": 7, "at_cap": 0.0},
                 "exact_match_by_band": {"mid": {"exact_match": em / 2}, "short": {"exact_match": 1.0}},
             }
 
@@ -503,6 +503,7 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
     assert (
         seen["trained"] == 512 and seen["root"] == root and seen["samples_per_prompt"] == final_eval.SAMPLES_PER_PROMPT
     )
+    assert seen["spec"] == learn.VARIANTS["learn"]  # the config's variant's spec: its response cap
     assert seen["actors"] == {
         "sft": root / "actor",
         "sync-s0": out / "sync-s0" / "model",

@@ -56,3 +56,37 @@ def test_the_closing_summary_reads_the_runs_tensorboard(tmp_path):
         "4 steps; reward -0.250 at the first, +1.000 at the last (train/reward); 6.7 s a step after the first",
         f"outputs in {tmp_path}: train.log, tensorboard/, timeline/ (openrlhf-oppo plot timeline {tmp_path})",
     ]
+
+
+def test_the_closing_summary_shows_what_a_learn_run_learned(tmp_path):
+    """On the learn task: exact match of the trained samples (rollouts.jsonl) against the SFT
+    policy's on the same prompts (data/sft_baseline.jsonl), mean response length and the
+    share at the cap, the first steps against the last, by hand."""
+    import json
+
+    from openrlhf_oppo.cli.train import _learning
+    from openrlhf_oppo.tasks import learn
+
+    tok = learn.build_tokenizer(tmp_path / "actor", vocab_size=384)
+    (tmp_path / "command.json").write_text(json.dumps(
+        ["python", "-m", "openrlhf.cli.train_ppo_ray", "--actor.model_name_or_path", str(tmp_path / "actor"),
+         "--rollout.max_new_tokens", "6"]))
+    short, long = "reverse: red cat =>", "reverse: sun moon star tree =>"
+    learn.write_jsonl(tmp_path / "data" / "sft_baseline.jsonl", [
+        {"input": short, "reward": 1.0, "exact_match": 1.0, "samples": 8},
+        {"input": long, "reward": -1.0, "exact_match": 0.25, "samples": 8}])
+
+    def sample(prompt: str, response: str) -> dict:
+        return {"prompt": prompt, "sequence": tok(prompt + response, add_special_tokens=False)["input_ids"]}
+
+    right, loop = sample(short, " cat red<|eos|>"), sample(short, " cat red red red red red")  # 3 and 6 tokens
+    wrong = sample(long, " tree star sun moon<|eos|>")  # 5 tokens
+    steps = [[right, loop]] * 4 + [[right, right]] * 3 + [[right, wrong]]
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps({"step": i, "samples": s}) + "\n"
+                                                     for i, s in enumerate(steps)))
+    # first 4 steps: half right, SFT 1.0 on those prompts, mean (3 + 6) / 2 tokens, half at the cap;
+    # last 4: 7 of 8 right, SFT (7 + 0.25) / 8, (7 * 3 + 5) / 8 tokens, none at the cap
+    assert _learning(tmp_path, steps=4) == [
+        "exact match 0.50 -> 0.88 (the SFT policy on the same prompts: 1.00 -> 0.91); mean response 4 -> 3 tokens; "
+        "at the 6-token cap 50% -> 0% (trained samples, first 4 steps -> last 4, rollouts.jsonl)"]
+    assert _learning(tmp_path, steps=5) == []  # fewer than 10 steps: nothing to compare

@@ -59,13 +59,13 @@ def _sft_baseline(config: str) -> Baseline | None:
     """The SFT policy's per-prompt baseline of a learn-task config (None for another task,
     or where the assets predate it: said)."""
     variant, assets_root = task_root(config)
-    if variant != "learn":
+    if variant not in learn.VARIANTS:
         return None
     baseline_path = learn.LearnAssets(assets_root).sft_baseline
     baseline = load_baseline(baseline_path)
     if baseline is None:
         print(f"[bench convergence] no {baseline_path} (assets built before it existed: openrlhf-oppo prepare "
-              "--variant learn --force): no reward gain over the SFT policy", flush=True)
+              f"--variant {variant} --force): no reward gain over the SFT policy", flush=True)
     return baseline
 
 

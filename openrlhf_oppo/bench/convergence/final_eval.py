@@ -13,7 +13,8 @@ from openrlhf_oppo.tasks.learn import evaluation
 SAMPLES_PER_PROMPT = 4
 """Samples of each held-out prompt per actor: one sample each of 256 prompts left a 0.03
 standard error on exact match, as large as the differences to measure."""
-FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match_long", "median_response_tokens")
+FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match_long", "median_response_tokens",
+                   "at_cap")
 
 
 def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
@@ -34,14 +35,15 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
     actors.update({f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
                    for seed, r in by_seed.items()
                    if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
-    evals = evaluation.evaluate_actors(root, actors, trained, samples_per_prompt=SAMPLES_PER_PROMPT)
+    evals = evaluation.evaluate_actors(root, actors, trained, learn.VARIANTS[variant], SAMPLES_PER_PROMPT)
 
     def figures(e: dict) -> dict:
         bands = e["exact_match_by_band"]
         return {"exact_match": e["exact_match"], "mean_reward": e["mean_reward"],
                 "exact_match_mid": bands.get("mid", {}).get("exact_match"),
                 "exact_match_long": bands.get("long", {}).get("exact_match"),
-                "median_response_tokens": e["response_tokens"]["median"]}
+                "median_response_tokens": e["response_tokens"]["median"],
+                "at_cap": e["response_tokens"]["at_cap"]}
 
     per_actor = {name: figures(e) for name, e in evals.items()}
     rows = [{"schedule": "sft", **{k: spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
@@ -58,11 +60,11 @@ def print_table(fe: dict) -> None:
     print(f"final actors on {fe['prompts']} held-out prompts (prompts.jsonl rows {fe['first_row']}+, "
           f"{fe.get('samples_per_prompt', 1)} samples each at T=1; median [min-max] over seeds):")
     cols = [("actor", 11), ("exact match", 19), ("learned reward", 22), ("7-14 words", 19), ("15-40 words", 19),
-            ("median len", 12)]
+            ("median len", 12), ("at cap", 19)]
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
     for r in fe["rows"]:
         cells = [r["schedule"], fmt(r["exact_match"], ".3f"), fmt(r["mean_reward"], ".3f"),
                  fmt(r["exact_match_mid"], ".3f"), fmt(r["exact_match_long"], ".3f"),
-                 fmt(r["median_response_tokens"], ".0f")]
+                 fmt(r["median_response_tokens"], ".0f"), fmt(r.get("at_cap"), ".3f")]
         print(table_line(cells, widths))

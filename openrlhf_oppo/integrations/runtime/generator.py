@@ -176,7 +176,7 @@ class OppoSamplesGenerator(SamplesGenerator):
                                      self.engines.aborted_this_step)
         self._finalize(batch, report)
         self.step += 1
-        self.meter.show(report, mean_reward)
+        self.meter.show(report, mean_reward, [s.num_tokens for g in batch.groups for s in g.samples])
         return metrics
 
     # ------------------------------------------------------------------ admit

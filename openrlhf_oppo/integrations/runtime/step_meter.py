@@ -123,9 +123,12 @@ class StepMeter:
         for sid in sample_ids:
             self.finished_s.pop(sid, None)
 
-    def show(self, report: StepReport, mean_reward: float) -> None:
+    def show(self, report: StepReport, mean_reward: float, response_tokens: list[int]) -> None:
+        """One progress line: the trained batch's mean reward and response length, Δ, C, the
+        deferred share and the step's time."""
         self.progress.set_postfix(  # drawn by the update: one line a step in a log
-            reward=f"{mean_reward:.3f}", delta=report.delta, C=report.chunk_size_tokens,
+            reward=f"{mean_reward:.3f}", len=f"{sum(response_tokens) / max(len(response_tokens), 1):.0f}",
+            delta=report.delta, C=report.chunk_size_tokens,
             deferred=f"{report.deferred_fraction:.0%}", step_s=f"{self.clock() - self.started_s:.1f}", refresh=False,
         )
         self.progress.update()

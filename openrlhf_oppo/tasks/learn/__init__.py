@@ -52,7 +52,8 @@ Modules, lowest first (each imports only those above it in this list, never this
     trainers    OpenRLHF's train_sft / train_rm as subprocesses (fp32 entry point, batch order)
     evaluation  scoring and sampling models; a policy's figures, the SFT baseline, held-out actors
     summary     the build's stage timer, its measurements (`measure`) and their table
-    builder     `build`: the stages in order, from data to BUILD_OK
+    shipped     the builds shipped in the package (`install`, `ship`): every machine trains the same models
+    builder     `build`: the shipped build of the spec, or the stages in order, from data to BUILD_OK
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ model (`write_data`). Above `task`, below everything else of `openrlhf_oppo.task
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from openrlhf_oppo.tasks import tiny
@@ -88,9 +88,26 @@ class LearnSpec:
     eval_prompts: int = 256
     """The first eval_prompts RL prompts are sampled once each from the SFT policy by `build`."""
     max_new_tokens: int = RESPONSE_CAP
-    """Cap when sampling the SFT policy (configs/learn-cpu.yaml's rollout.max_new_tokens)."""
+    """Cap when sampling the SFT policy to measure it (the run config's rollout.max_new_tokens),
+    and the length a `loop` mistake of the reward model's pairs runs to."""
+    sample_batch_size: int = 64
+    """Prompts per `generate` call when sampling the SFT policy (its mistakes, its measurements,
+    its baseline). A batch decodes until its longest response ends: with a long tail, most
+    batches run to the cap, and a bigger batch is that much cheaper per sample (256: 2.5x
+    faster than 64 on learn-longtail)."""
+    rm_policy_max_new_tokens: int = RESPONSE_CAP
+    """Cap when sampling the SFT policy's mistakes for the reward model's pairs
+    (`rm_policy_prompts`): a sample that does not stop is cut there (a wrong pair all the same)."""
     max_len: int = 160
-    """Trainers' --data.max_len (tokens): prompt (<= 43) + response (<= 41), with room."""
+    """Trainers' --data.max_len (tokens): prompt (<= 43) + response (<= 41), with room; with
+    `loop` pairs (a loop runs to max_new_tokens), prompt + max_new_tokens."""
+    loop_share: float = 0.0
+    """Share of SFT records whose answer loops on without an end (`task.loop_response`): the
+    SFT policy then loops after about as many of its answers, to the response cap, which is
+    the long tail of `learn-longtail`. 0: no such records (`learn`)."""
+    loop_repeats: int = 24
+    """Times the last word repeats in a looping SFT record (which has no end). OpenRLHF's SFT
+    loss is a mean over tokens: longer loops take that much of it from the answers."""
     train_dtype: str = "fp32"
     """Trainers' parameter dtype, one of TRAIN_DTYPES ("bf16": OpenRLHF's trainers as shipped)."""
 
@@ -110,11 +127,28 @@ class LearnSpec:
         if self.rm_policy_prompts < 0 or self.rm_policy_samples < 1:
             raise ValueError(f"rm_policy_prompts must be >= 0 and rm_policy_samples >= 1, got "
                              f"{self.rm_policy_prompts} and {self.rm_policy_samples}")
+        if not 0.0 <= self.loop_share < 1.0 or self.loop_repeats < 1:
+            raise ValueError(f"loop_share must be in [0, 1) and loop_repeats >= 1, got {self.loop_share} and "
+                             f"{self.loop_repeats}")
+        if self.loop_share and self.train_dtype != "fp32":
+            raise ValueError("loop_share needs train_dtype 'fp32': the build's trainer entry point keeps a looping "
+                             "SFT record from learning the EOS OpenRLHF puts where it is cut")
         if self.rm_heldout_pairs < 1:
             raise ValueError(f"rm_heldout_pairs must be >= 1, got {self.rm_heldout_pairs}")
 
 
-VARIANTS = {"learn": LearnSpec()}
+LONGTAIL_CAP = 512
+"""learn-longtail's response cap (configs/learn-longtail-cpu.yaml's rollout.max_new_tokens)."""
+VARIANTS = {
+    "learn": LearnSpec(),
+    # The learn task with a long tail: a share of the SFT policy's answers loop on to the cap
+    # (task.loop_response), and the reward model ranks a loop below the answer; PPO learns to stop.
+    "learn-longtail": LearnSpec(
+        actor=replace(LearnSpec().actor, max_position_embeddings=1024),  # prompt (<= 43) + the cap
+        sft_samples=19200, loop_share=0.08, loop_repeats=16, sample_batch_size=256,
+        max_new_tokens=LONGTAIL_CAP, max_len=LONGTAIL_CAP + 64,
+        rm_kind_weights=(*LearnSpec().rm_kind_weights, ("loop", 0.15))),
+}
 
 
 @dataclass(frozen=True)
@@ -184,12 +218,15 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def write_data(assets: LearnAssets, spec: LearnSpec, eos_token: str) -> None:
-    """The four splits made without a model, each from its own seed (see the module docstring)."""
-    write_jsonl(assets.data / "sft.jsonl", sft_records(spec.sft_samples, spec.seed, eos_token, spec.train_lengths))
-    write_jsonl(assets.data / "rm_mistakes.jsonl", preference_pairs(spec.rm_train_pairs, spec.seed + 10, eos_token,
-                                                                  spec.train_lengths, dict(spec.rm_kind_weights)))
-    write_jsonl(assets.data / "rm_heldout.jsonl",
-                 preference_pairs(spec.rm_heldout_pairs, spec.seed + 20, eos_token, spec.lengths))
+def write_data(assets: LearnAssets, spec: LearnSpec, eos_token: str, rm_training_pairs: bool = True) -> None:
+    """The four splits made without a model, each from its own seed (see the module docstring);
+    without the reward model's hand-made training pairs if not `rm_training_pairs`."""
+    write_jsonl(assets.data / "sft.jsonl", sft_records(spec.sft_samples, spec.seed, eos_token, spec.train_lengths,
+                                                       spec.loop_share, spec.loop_repeats))
+    kinds = dict(spec.rm_kind_weights)
+    if rm_training_pairs:
+        write_jsonl(assets.data / "rm_mistakes.jsonl", preference_pairs(
+            spec.rm_train_pairs, spec.seed + 10, eos_token, spec.train_lengths, kinds, spec.max_new_tokens))
+    write_jsonl(assets.data / "rm_heldout.jsonl", preference_pairs(  # every kind the reward model trains on, alike
+        spec.rm_heldout_pairs, spec.seed + 20, eos_token, spec.lengths, dict.fromkeys(kinds, 1.0), spec.max_new_tokens))
     write_jsonl(assets.prompts, prompt_records(spec.rl_prompts, spec.seed + 30, spec.lengths))
-

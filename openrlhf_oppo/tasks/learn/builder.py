@@ -19,6 +19,7 @@ from openrlhf_oppo.tasks.learn.assets import (
     write_jsonl,
 )
 from openrlhf_oppo.tasks.learn.evaluation import sample_policy
+from openrlhf_oppo.tasks.learn.shipped import install
 from openrlhf_oppo.tasks.learn.summary import Stages, measure, summary_table
 from openrlhf_oppo.tasks.learn.task import WORDS, answer, exact_match, prompt_records
 from openrlhf_oppo.tasks.learn.trainers import rm_argv, run_trainer, sft_argv
@@ -52,7 +53,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int, seed: int = 0):
     return hf_tok
 
 
-def policy_pairs(actor: Path, records: list[dict], samples: int, max_new_tokens: int, seed: int) -> list[dict]:
+def policy_pairs(actor: Path, records: list[dict], samples: int, max_new_tokens: int, seed: int,
+                 batch_size: int = 64) -> list[dict]:
     """Pairs {"prompt", "chosen", "rejected", "kind": "policy"}: the gold answer against each
     wrong one of `samples` samples per record of the policy at `actor` (a sample that runs
     into `max_new_tokens` without EOS is wrong and kept as it is)."""
@@ -60,7 +62,7 @@ def policy_pairs(actor: Path, records: list[dict], samples: int, max_new_tokens:
 
     tokenizer = AutoTokenizer.from_pretrained(actor)
     prompts = [r["input"] for r in records for _ in range(samples)]
-    _, responses = sample_policy(actor, prompts, max_new_tokens, seed)
+    _, responses = sample_policy(actor, prompts, max_new_tokens, seed, batch_size)
     pairs = []
     for prompt, text in zip(prompts, tokenizer.batch_decode(responses), strict=False):  # EOS stays in the text
         if not exact_match(prompt, text, tokenizer.eos_token):
@@ -74,7 +76,8 @@ def write_rm_train(assets: LearnAssets, spec: LearnSpec) -> int:
     seed) and data/rm_train.jsonl, the hand-made and the policy's pairs together (train_rm
     shuffles them); returns the number of training pairs."""
     records = prompt_records(spec.rm_policy_prompts, spec.seed + 50, spec.lengths)
-    policy = policy_pairs(assets.actor, records, spec.rm_policy_samples, spec.max_new_tokens, spec.seed + 50)
+    policy = policy_pairs(assets.actor, records, spec.rm_policy_samples, spec.rm_policy_max_new_tokens,
+                          spec.seed + 50, spec.sample_batch_size)
     write_jsonl(assets.data / "rm_policy.jsonl", policy)
     train = read_jsonl(assets.data / "rm_mistakes.jsonl") + policy
     write_jsonl(assets.data / "rm_train.jsonl", train)
@@ -96,10 +99,13 @@ def init_actor(assets: LearnAssets, spec: LearnSpec, tokenizer) -> int:
 def build(root: Path | str | None = None, spec: LearnSpec = LearnSpec(), force: bool = False,  # noqa: B008 (frozen)
           log=print) -> LearnAssets:
     """Build the assets under `root` (default ~/.cache/openrlhf_oppo/learn) unless already
-    built with this spec: data and tokenizer, SFT (OpenRLHF's train_sft), reward model
-    (OpenRLHF's train_rm), then measurements; prints a summary table and writes summary.json."""
+    built with this spec, or install the package's shipped build of this spec (`shipped`)
+    unless `force`: data and tokenizer, SFT (OpenRLHF's train_sft), reward model (OpenRLHF's
+    train_rm), then measurements; prints a summary table and writes summary.json."""
     assets = LearnAssets(Path(root).expanduser() if root else DEFAULT_ASSETS_DIR)
     if assets.is_built(spec) and not force:
+        return assets
+    if not force and install(assets, spec, log):
         return assets
     assets.root.mkdir(parents=True, exist_ok=True)
     (assets.root / "BUILD_OK").unlink(missing_ok=True)

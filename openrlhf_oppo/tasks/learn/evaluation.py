@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from openrlhf_oppo.tasks.learn.assets import LearnAssets, LearnSpec, read_jsonl
-from openrlhf_oppo.tasks.learn.task import LengthLaw, exact_match, parse_prompt
+from openrlhf_oppo.tasks.learn.task import RESPONSE_CAP, LengthLaw, exact_match, parse_prompt
 
 
 def load_reward_model(path: Path):
@@ -74,7 +74,9 @@ def sample_policy(actor_path: Path, prompts: list[str], max_new_tokens: int, see
                   batch_size: int = 64) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, response ids) per prompt: one sample each at temperature 1.0, no top-k /
     top-p (as vLLM samples in PPO), transformers `generate`. A response ends with EOS unless
-    it ran into `max_new_tokens`."""
+    it ran into `max_new_tokens`. Responses decode to RESPONSE_CAP tokens first; those still
+    going decode on together to `max_new_tokens` (a long-tailed policy would otherwise hold
+    every batch with one long sample in it to the cap)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,18 +85,23 @@ def sample_policy(actor_path: Path, prompts: list[str], max_new_tokens: int, see
     torch.manual_seed(seed)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     response_ids: list[list[int]] = [[] for _ in prompts]
-    # batched by prompt length: long lists (long answers) decode together, short batches end early
-    order = sorted(range(len(prompts)), key=lambda i: len(prompt_ids[i]))
-    with torch.no_grad():
-        for batch in _batches(order, batch_size):
-            width = max(len(prompt_ids[i]) for i in batch)
-            ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(prompt_ids[i])) + prompt_ids[i] for i in batch])
-            mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in batch])
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-            for i, row in zip(batch, out[:, width:].tolist(), strict=False):
-                end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-                response_ids[i] = row[:end]
+    pending = range(len(prompts))
+    for cap in sorted({min(RESPONSE_CAP, max_new_tokens), max_new_tokens}):
+        # batched by length: long lists (long answers) decode together, short batches end early
+        pending = sorted(pending, key=lambda i: len(prompt_ids[i]) + len(response_ids[i]))
+        with torch.no_grad():
+            for batch in _batches(pending, batch_size):
+                rows = [prompt_ids[i] + response_ids[i] for i in batch]
+                width = max(len(row) for row in rows)
+                ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row in rows])
+                mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                     top_p=1.0, max_new_tokens=cap - len(response_ids[batch[0]]),
+                                     pad_token_id=tokenizer.pad_token_id)
+                for i, row in zip(batch, out[:, width:].tolist(), strict=False):
+                    end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+                    response_ids[i] = response_ids[i] + row[:end]
+        pending = [i for i in pending if len(response_ids[i]) == cap and response_ids[i][-1] != tokenizer.eos_token_id]
     return prompt_ids, response_ids
 
 
@@ -119,7 +126,8 @@ def auc(positives: list[float], negatives: list[float]) -> float | None:
 def _scored_samples(actor: Path, records: list[dict], spec: LearnSpec, seed: int, reward_model, tokenizer):
     """One sample per record of the policy at `actor` (`sample_policy`, seeded): prompt ids,
     response ids, the decoded responses and their learned rewards."""
-    prompt_ids, response_ids = sample_policy(actor, [r["input"] for r in records], spec.max_new_tokens, seed)
+    prompt_ids, response_ids = sample_policy(actor, [r["input"] for r in records], spec.max_new_tokens, seed,
+                                             spec.sample_batch_size)
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     rewards = score(reward_model, tokenizer, [p + r for p, r in zip(prompt_ids, response_ids, strict=False)])
     return prompt_ids, response_ids, texts, rewards

@@ -129,6 +129,13 @@ def _run_on(gold: list[str], source: list[str], rng: random.Random) -> list[str]
     return gold + [rng.choice(source + list(WORDS)) for _ in range(extra)]
 
 
+def loop_response(gold: list[str], cap: int) -> list[str]:
+    """The answer, then its last word again and again up to `cap` words, without an end: the
+    degenerate repetition a language model falls into, which runs to the response cap. The
+    `learn-longtail` SFT policy learns to do it after a share of its answers (`sft_records`)."""
+    return gold + [gold[-1]] * max(0, cap - len(gold))
+
+
 MISTAKES = {
     "swap": _swap,
     "drop": _drop,
@@ -137,27 +144,35 @@ MISTAKES = {
     "unreversed": _unreversed,
     "truncate": _truncate,
     "run_on": _run_on,
+    "loop": None,  # loop_response to the response cap (which `mistake` takes); draws nothing from rng
 }
 
 
-def mistake(kind: str, prompt: str, rng: random.Random) -> str | None:
-    """A wrong answer of the given kind for `prompt`, or None where the kind does not apply."""
+def mistake(kind: str, prompt: str, rng: random.Random, cap: int = RESPONSE_CAP) -> str | None:
+    """A wrong answer of the given kind for `prompt`, or None where the kind does not apply;
+    `cap` is the response cap a `loop` runs to."""
     source = parse_prompt(prompt)
-    wrong = MISTAKES[kind](source[::-1], source, rng)
+    wrong = loop_response(source[::-1], cap) if kind == "loop" else MISTAKES[kind](source[::-1], source, rng)
     return None if wrong is None else " ".join(wrong)
 
 
+def ends(kind: str, words: int) -> bool:
+    """Whether a mistake of `kind` with `words` words ends (EOS): a loop never does, a run-on
+    not once it reaches RESPONSE_CAP."""
+    return kind != "loop" and words < RESPONSE_CAP
+
+
 def preference_pairs(n: int, seed: int, eos_token: str, lengths: LengthLaw = LengthLaw(),
-                     kind_weights: dict[str, float] | None = None) -> list[dict]:
+                     kind_weights: dict[str, float] | None = None, cap: int = RESPONSE_CAP) -> list[dict]:
     """n pairs {"prompt", "chosen", "rejected", "kind"}: the gold response against one
     plausible mistake of a kind drawn from those that apply, with `kind_weights`
-    (default: uniform)."""
+    (default: uniform); a `loop` runs to `cap` words."""
     weights = {kind: 1.0 for kind in MISTAKES} if kind_weights is None else kind_weights
     rng = random.Random(seed)
     pairs = []
     for rec in prompt_records(n, seed + 1, lengths):
         prompt = rec["input"]
-        options = {kind: mistake(kind, prompt, rng) for kind in MISTAKES}
+        options = {kind: mistake(kind, prompt, rng, cap) for kind in MISTAKES}
         applicable = sorted(k for k, v in options.items() if v is not None and weights.get(k, 0) > 0)
         if not applicable:  # a one-word list admits only repeat and substitute
             raise ValueError(f"kind_weights {weights} give no applicable mistake for {prompt!r}")
@@ -165,14 +180,27 @@ def preference_pairs(n: int, seed: int, eos_token: str, lengths: LengthLaw = Len
         pairs.append({
             "prompt": prompt,
             "chosen": f" {rec['label']}{eos_token}",
-            "rejected": f" {options[kind]}{'' if len(options[kind].split()) >= RESPONSE_CAP else eos_token}",
+            "rejected": f" {options[kind]}{eos_token if ends(kind, len(options[kind].split())) else ''}",
             "kind": kind,
         })
     return pairs
 
 
 
-def sft_records(n: int, seed: int, eos_token: str, lengths: LengthLaw = LengthLaw()) -> list[dict]:
+def sft_records(n: int, seed: int, eos_token: str, lengths: LengthLaw = LengthLaw(), loop_share: float = 0.0,
+                loop_repeats: int = 24) -> list[dict]:
     """n SFT records {"input", "output"}: the response ends with EOS (so OpenRLHF's
-    SFTDataset adds no " " + EOS of its own)."""
-    return [{"input": r["input"], "output": f" {r['label']}{eos_token}"} for r in prompt_records(n, seed, lengths)]
+    SFTDataset adds no " " + EOS of its own), except a `loop_share` of them (drawn from a
+    generator of their own: 0 leaves the records as they were), whose response is the answer
+    and its last word `loop_repeats` times more, without EOS: the trainer must not learn the
+    EOS that OpenRLHF appends to such a record (`trainers.fp32_trainer_main`)."""
+    pick = random.Random(seed + 7)
+    records = []
+    for r in prompt_records(n, seed, lengths):
+        if loop_share and pick.random() < loop_share:
+            gold = r["label"].split()
+            loop = loop_response(gold, len(gold) + loop_repeats)
+            records.append({"input": r["input"], "output": " " + " ".join(loop)})
+        else:
+            records.append({"input": r["input"], "output": f" {r['label']}{eos_token}"})
+    return records
