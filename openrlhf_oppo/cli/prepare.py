@@ -15,10 +15,12 @@ def main(argv: list[str]) -> int:
         default="tiny",
         choices=list(tasks.VARIANTS),
         help="task variant: tiny; longtail (heavy-tailed response lengths); learn (a learnable task: "
-        "SFT'd policy and Bradley-Terry reward model trained by OpenRLHF's trainers, ~7 min on 2 CPU cores)",
+        "SFT'd policy and Bradley-Terry reward model trained by OpenRLHF's trainers, ~7 min on 2 CPU cores); "
+        "learn-longtail (the learnable task with answers that loop to a 512-token cap; its build ships in the "
+        "package, --force rebuilds it, ~20 min)",
     )
     p.add_argument("--assets", default=None, help="output dir (default ~/.cache/openrlhf_oppo/<variant>)")
-    p.add_argument("--force", action="store_true", help="rebuild even if already built")
+    p.add_argument("--force", action="store_true", help="rebuild even if already built (or shipped)")
     args = p.parse_args(argv)
 
     assets = tasks.build(args.variant, args.assets, force=args.force)

@@ -2,8 +2,9 @@
 
 The CLI over openrlhf_oppo.integrations.launch.train_run (flags, task defaults, input
 checks, launching with restarts); `run` is its. `main` runs it and closes with a summary of
-what the run logged: steps, the reward from the first step to the last, the mean time a step,
-and where the outputs are.
+what the run logged: steps, the reward from the first steps to the last, the mean time a step,
+on the learn task what PPO learned (exact match against the SFT policy on the same prompts,
+response length, loops at the cap), and where the outputs are.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def summary(root: Path) -> list[str]:
         return []
     mean_s = summarize_run(root, warmup_steps=1, scalars=scalars)["mean_step_s"]
     pace = f"; {mean_s:.1f} s a step after the first" if mean_s else ""
-    return [f"{len(rewards)} steps; reward {rewards[0]:+.3f} at the first, {rewards[-1]:+.3f} at the last "
-            f"({REWARD_TAG}){pace}",
+    k = max(1, min(LEARNING_STEPS, len(rewards) // 2))  # a step's reward swings with its prompts: a mean
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    return [f"{len(rewards)} steps; reward {first:+.3f} -> {last:+.3f} ({REWARD_TAG}, mean of the first {k} steps "
+            f"-> the last {k}){pace}",
             *_learning(root),
             f"outputs in {root}: train.log, tensorboard/, timeline/ (openrlhf-oppo plot timeline {root})"]
 

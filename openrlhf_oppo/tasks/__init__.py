@@ -4,7 +4,8 @@
   (variants `tiny`, `longtail`); the models are shaped, not trained.
 - `openrlhf_oppo.tasks.learn`: a learnable task (reverse a word list) with an SFT'd
   policy, a ground-truth checker and a Bradley-Terry reward model trained by OpenRLHF's
-  own trainers (variant `learn`).
+  own trainers (variant `learn`), and the same with a long tail of answers that loop to the
+  response cap (variant `learn-longtail`, whose build ships in the package).
 
 `build(variant)` builds (or finds cached) any of them; the assets it returns name
 `actor`, `reward`, `critic` and `prompts` paths.

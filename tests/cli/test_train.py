@@ -39,7 +39,7 @@ def test_unknown_yaml_key_names_file_and_key(tmp_path, capsys):
 
 
 def test_the_closing_summary_reads_the_runs_tensorboard(tmp_path):
-    """Steps, the reward at the first and the last step, the mean step time after the first
+    """Steps, the mean reward of the first half (at most 8 steps) and the last, the mean step time after the first
     (from the steps' wall times: 10 s, then 4 s and 6 s), and where the outputs are."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -53,7 +53,8 @@ def test_the_closing_summary_reads_the_runs_tensorboard(tmp_path):
         writer.add_scalar(REWARD_TAG, reward, step, walltime=wall)
     writer.close()
     assert summary(tmp_path) == [
-        "4 steps; reward -0.250 at the first, +1.000 at the last (train/reward); 6.7 s a step after the first",
+        "4 steps; reward +0.125 -> +0.875 (train/reward, mean of the first 2 steps -> the last 2); "
+        "6.7 s a step after the first",
         f"outputs in {tmp_path}: train.log, tensorboard/, timeline/ (openrlhf-oppo plot timeline {tmp_path})",
     ]
 

@@ -1,0 +1,40 @@
+"""The README's main job as a user runs it (`openrlhf-oppo train --schedule oppo --config
+configs/learn-longtail-cpu.yaml`, here 16 of its 64 steps): the shipped learn-longtail build
+installed into an empty assets directory, a quiet terminal (a progress line per step with the
+mean response length, OPPO's messages), and a closing summary of what PPO learned."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 16  # --data.max_samples 128 / 8 prompts a step: the summary compares the first 8 steps with the last 8
+
+
+def test_the_main_job_installs_the_shipped_task_and_sums_up_what_ppo_learned(tmp_path):
+    assets, out = tmp_path / "assets", tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "openrlhf_oppo.cli.main", "train", "--schedule", "oppo", "--config",
+         str(REPO / "configs" / "learn-longtail-cpu.yaml"), "--assets", str(assets), "--output", str(out),
+         "--timeout-s", "600", "--", "--data.max_samples", str(8 * STEPS)],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+    lines = proc.stdout.splitlines() + proc.stderr.splitlines()
+    assert proc.returncode == 0, "\n".join(lines[-30:])
+    assert (assets / "BUILD_OK").exists() and (assets / "actor" / "model.safetensors").exists()
+    progress = [line for line in lines if line.startswith("OPPO:") and "len=" in line]
+    assert len(progress) >= STEPS  # one line a step (the terminal redraws one line in place)
+    assert len(lines) - len(progress) <= 30, "\n".join(lines)  # Ray's, vLLM's and OpenRLHF's output is in train.log
+    summary = [line for line in lines if line.startswith("openrlhf-oppo train: ")]
+    assert any(re.search(rf"{STEPS} steps; reward [-+]\d\.\d+ -> [-+]\d\.\d+ \(train/reward, mean of the first 8 "
+                         r"steps -> the last 8\)", line) for line in summary), "\n".join(summary)
+    learned = [line for line in summary if "exact match" in line]
+    assert len(learned) == 1 and re.search(
+        r"exact match \d\.\d\d -> \d\.\d\d \(the SFT policy on the same prompts: \d\.\d\d -> \d\.\d\d\); mean response "
+        r"\d+ -> \d+ tokens; at the 512-token cap \d+% -> \d+%", learned[0]), learned
