@@ -293,6 +293,8 @@ def test_trainer_dtype_picks_the_entry_point(tmp_path):
     ({"rm_policy_samples": 0}, "rm_policy_prompts must be >= 0 and rm_policy_samples >= 1, got 8192 and 0"),
     ({"rl_prompts": 100, "eval_prompts": 200}, r"eval_prompts must be in \[1, rl_prompts = 100\], got 200"),
     ({"rm_kind_weights": (("swop", 1.0),)}, "rm_kind_weights must weigh kinds of swap, drop, repeat"),
+    ({"loop_share": 1.0}, r"loop_share must be in \[0, 1\) and loop_repeats >= 1, got 1.0 and 24"),
+    ({"loop_share": 0.1, "train_dtype": "bf16"}, "loop_share needs train_dtype 'fp32'"),
 ])
 def test_bad_spec_is_refused_naming_the_field(fields, message):
     with pytest.raises(ValueError, match=message):

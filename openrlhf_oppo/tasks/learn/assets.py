@@ -132,7 +132,7 @@ class LearnSpec:
                              f"{self.loop_repeats}")
         if self.loop_share and self.train_dtype != "fp32":
             raise ValueError("loop_share needs train_dtype 'fp32': the build's trainer entry point keeps a looping "
-                             "SFT record from learning the EOS OpenRLHF puts where it is cut")
+                             "SFT record from learning the EOS OpenRLHF appends to it")
         if self.rm_heldout_pairs < 1:
             raise ValueError(f"rm_heldout_pairs must be >= 1, got {self.rm_heldout_pairs}")
 
