@@ -106,7 +106,6 @@ def build(root: Path | str | None = None, spec: LearnSpec = LearnSpec(), force: 
     if assets.is_built(spec) and not force:
         return assets
     if not force and install(assets, spec, log):
-        log(summary_table(json.loads(assets.summary.read_text())))  # the shipped build's own measurements
         return assets
     assets.root.mkdir(parents=True, exist_ok=True)
     (assets.root / "BUILD_OK").unlink(missing_ok=True)

@@ -54,7 +54,8 @@ def install(assets: LearnAssets, spec: LearnSpec, log=print) -> bool:
     source = shipped(spec)
     if source is None:
         return False
-    log(f"learn: installing the shipped {variant_of(spec)} build into {assets.root} (`prepare --force` rebuilds it)")
+    log(f"learn: installing the shipped {variant_of(spec)} build into {assets.root} (its measurements: "
+        f"summary.json there; `prepare --force` rebuilds it)")
     assets.root.mkdir(parents=True, exist_ok=True)
     (assets.root / "BUILD_OK").unlink(missing_ok=True)
     for name in SHIPPED[1:]:
