@@ -95,6 +95,7 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.cli.train_rm", "called", "tasks.learn.trainers"),
     _T("openrlhf.utils.utils.convert_to_torch_dtype", "patched", "tasks.learn.trainers"),
     _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn.trainers"),
+    _T("openrlhf.datasets.SFTDataset", "patched", "tasks.learn.trainers"),  # __getitem__: a loop record has no end
     _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn.evaluation"),
 )
 
