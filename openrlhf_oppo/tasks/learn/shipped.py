@@ -37,6 +37,18 @@ TOLERANCES = {
 about the spread of builds of one spec measured across machines and seeds (docs/convergence.md)."""
 
 
+def _copy(source: Path, target: Path, names: tuple[str, ...]) -> None:
+    """Copy files and directories `names` from `source` to `target` (a directory's checkpoint
+    leftovers stay behind)."""
+    for name in names:
+        src, dst = source / name, target / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.bin", "training_args*"))
+        else:
+            shutil.copyfile(src, dst)
+
+
 def variant_of(spec: LearnSpec) -> str | None:
     return next((name for name, s in VARIANTS.items() if s == spec), None)
 
@@ -58,13 +70,7 @@ def install(assets: LearnAssets, spec: LearnSpec, log=print) -> bool:
         f"summary.json there; `prepare --force` rebuilds it)")
     assets.root.mkdir(parents=True, exist_ok=True)
     (assets.root / "BUILD_OK").unlink(missing_ok=True)
-    for name in SHIPPED[1:]:
-        src, dst = source.root / name, assets.root / name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, dirs_exist_ok=True)
-        else:
-            shutil.copyfile(src, dst)
+    _copy(source.root, assets.root, SHIPPED[1:])
     from transformers import AutoTokenizer
 
     write_data(assets, spec, AutoTokenizer.from_pretrained(assets.tokenizer).eos_token, rm_training_pairs=False)
@@ -79,13 +85,7 @@ def ship(variant: str, built: Path | str) -> Path:
         raise ValueError(f"{source.root}: not a finished build of {variant} ({build_marker(spec)[:40]}...)")
     target = SHIPPED_DIR / variant
     shutil.rmtree(target, ignore_errors=True)
-    for name in SHIPPED:
-        src, dst = source.root / name, target / name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.bin", "training_args*"))
-        else:
-            shutil.copyfile(src, dst)
+    _copy(source.root, target, SHIPPED)
     return target
 
 
