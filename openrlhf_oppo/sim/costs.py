@@ -211,14 +211,16 @@ def _roofline(cfg: SimConfig) -> CostModel:
     )
 
 
-def _prefill_terms(cfg: SimConfig, model: ModelShape, tp: int) -> dict:
-    """A streaming actor's prefill of `model` over `tp` devices: its memory floor, 2 N flops a new
-    token and 4 L d a query-key pair."""
+def _prefill_terms(cfg: SimConfig, model: ModelShape, tp: int, scorer: bool = True) -> dict:
+    """A streaming actor's prefill of `model` over `tp` devices (`scorer`; else a vLLM engine's): its
+    memory floor, 2 N flops a new token and 4 L d a query-key pair, the scorer's attention at its own
+    utilisation (measured: docs/benchmarks.md, "Streamed prefill on a GPU")."""
     hw, e = cfg.hardware, cfg.efficiency
-    flops = tp * hw.peak_bf16_flops * e.prefill_mfu
+    flops = tp * hw.peak_bf16_flops
+    attention = (e.attention_mfu or e.prefill_mfu) if scorer else e.prefill_mfu
     return dict(prefill_weights_read_s=model.weight_bytes / (tp * hw.hbm_bytes_per_s * e.decode_bandwidth),
-                prefill_per_token_s=2 * model.params / flops,
-                prefill_per_pair_s=4 * model.layers * model.hidden / flops)
+                prefill_per_token_s=2 * model.params / (flops * e.prefill_mfu),
+                prefill_per_pair_s=4 * model.layers * model.hidden / (flops * attention))
 
 
 def reference_actors(cfg: SimConfig, costs: CostModel) -> CostModel:
@@ -242,7 +244,7 @@ def engine_prefill(cfg: SimConfig, costs: CostModel) -> CostModel:
         return costs
     e = cfg.efficiency
     return replace(costs, prefill_call_s=e.forward_overhead_s, prefill_per_chunk_s=e.chunk_overhead_s,
-                   **_prefill_terms(cfg, cfg.actor, cfg.split.tensor_parallel))
+                   **_prefill_terms(cfg, cfg.actor, cfg.split.tensor_parallel, scorer=False))
 
 
 def _groups(cfg: SimConfig, actor_params: int, critic_params: int) -> dict:

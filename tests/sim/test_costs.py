@@ -92,3 +92,17 @@ def test_the_engines_drain_time_decodes_what_they_hold_and_the_requests_about_to
     # the freed slot: b = 2 for 2 more, then it decodes its last 2 alone (0.11 each); all x the factor 2
     incoming = [Request(1, 8, 5, 100), Request(2, 8, 4, 100)]
     assert rollout.drain_s(incoming) == pytest.approx(2 * (3 * 0.12 + 2 * 0.12 + 2 * 0.11))
+
+
+def test_streaming_scorers_attention_runs_at_its_measured_utilisation_and_an_engines_at_prefill_mfu():
+    cfg = load_preset("paper-7b-h200")
+    peak, s, r, a = cfg.hardware.peak_bf16_flops, cfg.split, cfg.reward, cfg.actor
+    assert (cfg.efficiency.attention_mfu, cfg.efficiency.prefill_mfu) == (0.15, 0.5)
+    built = costs.build(cfg)
+    assert built.prefill_per_pair_s == pytest.approx(4 * r.layers * r.hidden / (s.score_tensor_parallel * peak * 0.15))
+    assert built.prefill_per_token_s == pytest.approx(2 * r.params / (s.score_tensor_parallel * peak * 0.5))
+    engine = costs.engine_prefill(cfg, built)  # vLLM's own prefill (a stopped sample resumed)
+    assert engine.prefill_per_pair_s == pytest.approx(4 * a.layers * a.hidden / (s.tensor_parallel * peak * 0.5))
+    unset = load_preset("paper-7b-h200", ["efficiency.attention_mfu=0"])  # 0: as prefill_mfu
+    assert costs.build(unset).prefill_per_pair_s == pytest.approx(
+        4 * r.layers * r.hidden / (s.score_tensor_parallel * peak * 0.5))

@@ -143,6 +143,8 @@ class Efficiency:
     decode_bandwidth: float = _f(0.7, "Fraction of HBM bandwidth a decode step achieves.")
     decode_mfu: float = _f(0.5, "FLOP utilisation of a decode step's compute floor.")
     prefill_mfu: float = _f(0.5, "FLOP utilisation of a prefill forward.")
+    attention_mfu: float = _f(0.0, "FLOP utilisation of a streaming scorer's attention in a prefill (4 x layers "
+                                   "x hidden a query-key pair; 0: prefill_mfu).")
     forward_mfu: float = _f(0.4, "FLOP utilisation of the training devices' forwards (make_experience).")
     train_mfu: float = _f(0.35, "FLOP utilisation of forward+backward (ZeRO-3).")
     link_efficiency: float = _f(0.7, "Fraction of link bandwidth a weight broadcast achieves.")
