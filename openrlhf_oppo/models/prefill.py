@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from openrlhf_oppo.footprint import kv_shape
 from openrlhf_oppo.models.device_memory import OutOfMemoryError, release_device_memory
 from openrlhf_oppo.models.padded_batch import padded_inputs, stacked_cache
 
@@ -84,8 +85,8 @@ class _Sequence:
     token_ids: list[int]  # every recorded token, prompt first
     prompt_len_tokens: int
     cached_len_tokens: int = 0  # leading tokens whose K/V are in `kv`
-    # per layer (keys, values), each (kv_heads, cached_len_tokens, head_dim)
-    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # every layer's keys and values: (layers, 2, kv_heads, cached_len_tokens, head_dim); None when empty
+    kv: torch.Tensor | None = None
     # hidden state at position cached_len_tokens - 1 (kept across eviction:
     # it depends only on the tokens, so a re-prefill would give it again)
     last_hidden: torch.Tensor | None = None
@@ -127,6 +128,7 @@ class PrefillEngine:
             raise ValueError("the scored model is in training mode (dropout on): call model.eval() first")
         _check_backbone_config(backbone)
         self.backbone = backbone
+        self._kv_shape = kv_shape(backbone.config)
         self.kv_budget_tokens = kv_budget_tokens
         self.max_batch_tokens = max_batch_tokens
         self.vocab_size = backbone.get_input_embeddings().num_embeddings
@@ -226,7 +228,7 @@ class PrefillEngine:
 
     def _free(self, seq: _Sequence) -> None:
         self._cached_tokens -= seq.cached_len_tokens
-        seq.kv = []
+        seq.kv = None
         seq.cached_len_tokens = 0
 
     # ---- the forward --------------------------------------------------------------
@@ -346,10 +348,11 @@ class PrefillEngine:
         past = [s.cached_len_tokens for s in group]
         new = [s.token_ids[s.cached_len_tokens :] for s in group]
         max_past, max_new = max(past), max(len(n) for n in new)
-        device = self.backbone.get_input_embeddings().weight.device
+        weight = self.backbone.get_input_embeddings().weight
+        device = weight.device
 
         input_ids, position_ids, attention_mask = padded_inputs(past, new)
-        cache = stacked_cache([s.kv for s in group], past, max_new)
+        cache, buf = stacked_cache([s.kv for s in group], past, max_new, weight, self._kv_shape)
         out = self.backbone(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
@@ -362,14 +365,10 @@ class PrefillEngine:
 
         # Copy everything out first, commit after: an out-of-memory in a copy leaves every
         # sequence as it was (see _forward_or_evict_and_retry).
-        kvs, hs = [], []
-        for i, (p, toks) in enumerate(zip(past, new, strict=True)):
-            n = len(toks)
-            kvs.append([(layer.keys[i, :, max_past - p : max_past + n].clone(),
-                         layer.values[i, :, max_past - p : max_past + n].clone())
-                        for layer in out.past_key_values.layers])
-            hs.append(hidden[i, :n].clone())
-        del out, cache, hidden  # the padded copy: freed before the caller's next forward
+        kvs = [buf[:, :, i, :, max_past - p : max_past + len(toks)].clone()
+               for i, (p, toks) in enumerate(zip(past, new, strict=True))]
+        hs = [hidden[i, : len(toks)].clone() for i, toks in enumerate(new)]
+        del out, cache, buf, hidden  # the padded copy: freed before the caller's next forward
         for seq, p, toks, kv, h in zip(group, past, new, kvs, hs, strict=True):
             n = len(toks)
             seq.kv = kv
