@@ -231,18 +231,26 @@ class QuietLines:
     last redraw worth showing."""
 
     def __init__(self) -> None:
-        self.traceback = False  # inside one: until a line that neither is indented nor names an exception
+        # "body": inside a traceback, until its exception line; "tail": after it, until a line that
+        # neither is indented nor names an exception; None: outside
+        self.traceback: str | None = None
 
     def __call__(self, line: str) -> str | None:
         message = _RAY_PREFIX.sub("", _ANSI.sub("", line))
         if self.traceback:
-            if message[:1].isspace() or _EXCEPTION.match(message) or message.startswith(("During handling",
-                                                                                          "The above exception")):
+            if message[:1].isspace() or message.startswith(("During handling", "The above exception")):
                 return message
-            self.traceback = False
+            if _EXCEPTION.match(message):
+                self.traceback = "tail"
+                return message
+            # In the body, any other line is another process's output that Ray wrote into the middle
+            # of the traceback (an actor's progress bar): the traceback goes on, that line is judged
+            # by the rules below.
+            if self.traceback == "tail":
+                self.traceback = None
         for part in reversed(message.split("\r")):
             if part.startswith("Traceback"):
-                self.traceback = True
+                self.traceback = "body"
             if part.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(part):
                 return part
         return None

@@ -88,3 +88,25 @@ def test_a_quiet_run_shows_a_whole_ray_traceback_and_nothing_after_it():
     shown = list(map(launcher.QuietLines(), log))
     assert shown[:5] == [line.replace(prefix, "") for line in log[:5]]
     assert shown[5:] == [None, log[6]]
+
+
+def test_a_line_of_another_process_inside_a_traceback_does_not_end_it():
+    """Ray writes every actor's output into the driver's log as it comes: an actor's progress bar
+    can land in the middle of the driver's traceback (seen in a run stopped on SIGTERM, train.log
+    as written), and the exception's message after it must still be shown."""
+    log = ["Traceback (most recent call last):",
+           '  File "/ray/_private/worker.py", line 2980, in get',
+           "    \x1b[36m(OppoPPOTrainerImpl pid=464)\x1b[0m ",
+           "Episode [1/1]:  75%|███████▌  | 12/16 [00:36<00:12,  3.04s/it]",
+           "values, debugger_breakpoint = worker.get_objects(",
+           '  File "/ray/_private/worker.py", line 1023, in get_objects',
+           "ray.exceptions.RayTaskError(StopRequested): \x1b[36mray::OppoPPOTrainerImpl.fit()\x1b[39m (pid=464)",
+           "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+           '  File "/openrlhf_oppo/integrations/runtime/trainer.py", line 147, in save_logs_and_checkpoints',
+           "openrlhf_oppo.integrations.runtime.trainer.StopRequested: OPPO: stopped on request after step 2",
+           "\x1b[36m(CriticModelActor pid=369)\x1b[0m /ray/cloudpickle.py:1544: ZeroCopyTensorsWarning: read-only",
+           "openrlhf-oppo train: stopped on SIGTERM (exit 143)"]
+    shown = list(map(launcher.QuietLines(), log))
+    assert shown[3] is None and shown[4] is None  # the actor's bar and the broken source line stay in the log
+    assert shown[9] == log[9] and shown[6].startswith("ray.exceptions.RayTaskError(StopRequested)")
+    assert shown[10] is None and shown[11] == log[11]  # the traceback ended with its message
