@@ -13,7 +13,7 @@ case "$STACK" in cpu|gpu) ;; *) echo "OPPO_STACK must be 'cpu' or 'gpu', got '$S
 if [ "$STACK" = cpu ]; then
   # torch first and pinned: anything else lets pip choose a CUDA build.
   $PIP torch==2.13.0
-  DS_BUILD_OPS=0 $PIP -c constraints-cpu.txt -e ".[cpu,test,bench]"
+  DS_BUILD_OPS=0 $PIP -c constraints-cpu.txt -e ".[cpu,test,bench,megatron]"
   # OpenRLHF pins flash-attn (CUDA-only source build): take the wheel without deps;
   # every other requirement is in the [openrlhf] extra with OpenRLHF's pins.
   $PIP -c constraints-cpu.txt --no-deps openrlhf==0.11.2
@@ -41,7 +41,7 @@ else
   fi
   # The [gpu] extra names neither flash-attn nor openrlhf (whose requirements pin flash-attn):
   # either would send pip back to the isolated build. openrlhf comes without deps, as on CPU.
-  $PIP -e ".[gpu,test,bench]"
+  $PIP -e ".[gpu,test,bench,megatron]"
   $PIP --no-deps openrlhf==0.11.2
   ${PYTHON:-python} -c "import flash_attn, torch, vllm; print('flash-attn', flash_attn.__version__, 'torch', torch.__version__)"
 fi

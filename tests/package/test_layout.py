@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("openrlhf_oppo.core",),
     ("openrlhf_oppo.models",),
     ("openrlhf_oppo.compat",),
+    ("openrlhf_oppo.megatron",),
     ("openrlhf_oppo.tasks",),
     ("openrlhf_oppo.integrations", "openrlhf_oppo.integrations.runtime"),
     ("openrlhf_oppo.integrations.launch",),

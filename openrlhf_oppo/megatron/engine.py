@@ -1,0 +1,173 @@
+"""The actor trained by Megatron-Core: action log-probs and a PPO step with OpenRLHF's losses.
+
+One `MegatronActor` per training rank, after `parallel.initialize`. It takes what OpenRLHF's
+actor takes from an `Experience` (sequences left-padded prompt + right-padded response, the
+attention mask, the action mask, old/reference log-probs, advantages) as a list of
+micro-batches, runs them through `get_forward_backward_func` (one pipeline schedule for every
+PP size), and computes log-probs like `openrlhf.models.Actor` (positions from the attention
+mask, logits in fp32 divided by the temperature) but over vocabulary-parallel logits
+(`tensor_parallel.vocab_parallel_cross_entropy`). The loss is OpenRLHF's `PolicyLoss` plus,
+with `kl_coef` > 0, its KL loss (`compute_approx_kl`, `aggregate_loss`), averaged over
+micro-batches as DeepSpeed's gradient accumulation does. Gradients go through Megatron's DDP
+and distributed optimizer (Adam with decoupled weight decay, gradient clipping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from openrlhf_oppo.megatron import model as mmodel
+
+
+@dataclass
+class MicroBatch:
+    sequences: torch.Tensor  # (b, s) token ids
+    attention_mask: torch.Tensor  # (b, s) 1 = token, 0 = padding
+    action_mask: torch.Tensor  # (b, a) over the last a positions' next tokens
+    old_log_probs: torch.Tensor | None = None  # (b, a)
+    advantages: torch.Tensor | None = None  # (b, a)
+    base_log_probs: torch.Tensor | None = None  # (b, a), the reference model's (KL loss)
+
+    def left_padded(self, length: int, pad_id: int) -> MicroBatch:
+        """The same batch left-padded to `length` (pipeline stages exchange one tensor shape)."""
+        extra = length - self.sequences.shape[1]
+        if extra < 0:
+            raise ValueError(f"a micro-batch of {self.sequences.shape[1]} tokens does not fit {length}")
+        if extra == 0:
+            return self
+        seq = torch.nn.functional.pad(self.sequences, (extra, 0), value=pad_id)
+        mask = torch.nn.functional.pad(self.attention_mask, (extra, 0), value=0)
+        return MicroBatch(seq, mask, self.action_mask, self.old_log_probs, self.advantages, self.base_log_probs)
+
+
+@dataclass
+class Settings:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    temperature: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    dtype: torch.dtype = torch.float32
+    pad_id: int = 0
+    loss_kwargs: dict = field(default_factory=dict)  # more PolicyLoss arguments
+
+
+def _inputs(mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input ids, positions as `openrlhf.models.Actor` makes them, and Megatron's boolean mask
+    (True = not attended: causal, or a padding key)."""
+    mask = mb.attention_mask
+    positions = mask.long().cumsum(-1) - 1
+    positions.masked_fill_(mask == 0, 1)
+    s = mask.shape[1]
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=mask.device), 1)
+    blocked = causal[None, None] | (mask == 0)[:, None, None, :]
+    return mb.sequences, positions, blocked
+
+
+def action_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    """Log-probs of the action tokens from this rank's vocabulary shard of the logits (b, s, v/tp)."""
+    from megatron.core import tensor_parallel
+
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    target = torch.roll(mb.sequences, shifts=-1, dims=1)
+    log_probs = -tensor_parallel.vocab_parallel_cross_entropy(logits, target)[:, :-1]
+    return log_probs[:, -mb.action_mask.shape[1]:] * mb.action_mask.float()
+
+
+class MegatronActor:
+    """This rank's shard of the actor with its DDP wrapper and distributed optimizer."""
+
+    def __init__(self, hf_config, hf_state: dict[str, torch.Tensor], settings: Settings):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from openrlhf.models.loss import PolicyLoss
+
+        self.settings = settings
+        self.shape = mmodel.Shape.of(hf_config)
+        module = mmodel.build(self.shape, settings.dtype)
+        mmodel.load_hf(module, hf_state, self.shape)
+        self.model = DistributedDataParallel(
+            config=module.config, module=module,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True))
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=settings.lr, min_lr=settings.lr, weight_decay=settings.weight_decay,
+                            adam_beta1=settings.betas[0], adam_beta2=settings.betas[1], adam_eps=settings.eps,
+                            clip_grad=settings.clip_grad, bf16=settings.dtype == torch.bfloat16,
+                            params_dtype=settings.dtype, use_distributed_optimizer=True),
+            [self.model])
+        self.policy_loss = PolicyLoss(settings.clip_eps_low, settings.clip_eps_high, **settings.loss_kwargs)
+
+    def _run(self, batches: list[MicroBatch], loss_of, forward_only: bool) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        length = max(mb.sequences.shape[1] for mb in batches)
+        padded = [mb.left_padded(length, self.settings.pad_id) for mb in batches]
+        sizes = {mb.sequences.shape[0] for mb in padded}
+        if len(sizes) != 1:
+            raise ValueError(f"the Megatron backend needs micro-batches of one size, got {sorted(sizes)}")
+        it = iter(padded)
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            ids, positions, blocked = _inputs(mb)
+            return model(ids, positions, blocked), lambda logits: loss_of(logits, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=it, model=[self.model], num_microbatches=len(padded),
+            seq_length=length, micro_batch_size=sizes.pop(), forward_only=forward_only)
+
+    def log_probs(self, batches: list[MicroBatch]) -> list[torch.Tensor] | None:
+        """Each micro-batch's action log-probs, on the last pipeline stage (None on the others)."""
+        from megatron.core import parallel_state as ps
+
+        def loss_of(logits, mb):
+            lp = action_log_probs(logits, mb, self.settings.temperature)
+            return lp.sum() * 0, {"log_probs": lp.detach()}
+
+        self.model.eval()
+        with torch.no_grad():
+            out = self._run(batches, loss_of, forward_only=True)
+        return [o["log_probs"] for o in out] if ps.is_pipeline_last_stage() else None
+
+    def _loss(self, logits: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        from openrlhf.models.loss import aggregate_loss
+        from openrlhf.models.utils import compute_approx_kl
+
+        lp = action_log_probs(logits, mb, self.settings.temperature)
+        loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(lp, mb.old_log_probs, mb.advantages,
+                                                          action_mask=mb.action_mask)
+        stats = {"policy_loss": loss.detach(), "ppo_clip_ratio": clip_ratio.detach(), "ppo_kl": ppo_kl.detach()}
+        if self.settings.kl_coef > 0:
+            kl = compute_approx_kl(lp, mb.base_log_probs, log_probs_old=mb.old_log_probs,
+                                   kl_estimator=self.settings.kl_estimator)
+            kl_loss = aggregate_loss(kl, mb.action_mask)
+            stats["kl"] = kl_loss.detach()
+            loss = loss + kl_loss * self.settings.kl_coef
+        return loss, stats
+
+    def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
+        """One optimizer step over the micro-batches (gradients accumulated): the mean of each
+        micro-batch's statistics (last pipeline stage; {} on the others) and the gradient norm."""
+        from megatron.core import parallel_state as ps
+
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        out = self._run(batches, self._loss, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError("the Megatron optimizer skipped its step (non-finite gradients)")
+        stats = {}
+        if ps.is_pipeline_last_stage():
+            stats = {k: float(torch.stack([o[k] for o in out]).mean()) for k in out[0]}
+        stats["grad_norm"] = float(grad_norm)
+        return stats

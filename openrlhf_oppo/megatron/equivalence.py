@@ -1,0 +1,105 @@
+"""One PPO step, twice: by OpenRLHF's actor (a Hugging Face model, `openrlhf.models.Actor`,
+`PolicyLoss`, gradient clipping and AdamW, what the DeepSpeed backend computes) and by the
+Megatron backend at a given TP/PP on gloo processes, from the same weights and batch. Each
+returns the action log-probs before the step, the loss and the log-probs after it.
+
+`compare(case, tp, pp)` spawns tp*pp processes (CPU under `compat.megatron_cpu`, or a GPU each);
+`tests/megatron/test_equivalence.py` holds both sides to a stated tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from openrlhf_oppo.megatron.engine import MicroBatch, Settings
+
+
+@dataclass
+class Case:
+    hf_config: object
+    hf_state: dict[str, torch.Tensor]
+    batches: list[MicroBatch]
+    settings: Settings = field(default_factory=Settings)
+
+
+def reference_step(case: Case) -> dict:
+    """The step as OpenRLHF's DeepSpeed actor computes it: the micro-batches' losses averaged
+    (gradient accumulation), the global gradient norm clipped, then AdamW."""
+    from openrlhf_oppo import compat
+
+    compat.apply()
+    from openrlhf.models import Actor
+    from openrlhf.models.loss import PolicyLoss, aggregate_loss
+    from openrlhf.models.utils import compute_approx_kl
+    from transformers import AutoModelForCausalLM
+
+    s = case.settings
+    hf = AutoModelForCausalLM.from_config(case.hf_config, torch_dtype=s.dtype, attn_implementation="eager")
+    hf.load_state_dict(case.hf_state)
+    actor = Actor(hf, temperature=s.temperature)
+    actor.packing_samples = False  # 0.11.2 sets it only when Actor loads the model from a path
+    loss_fn = PolicyLoss(s.clip_eps_low, s.clip_eps_high, **s.loss_kwargs)
+    optim = torch.optim.AdamW(actor.parameters(), lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
+
+    def log_probs() -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask) for mb in case.batches]
+
+    before = log_probs()
+    losses = []
+    for mb in case.batches:
+        lp = actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask)
+        loss = loss_fn(lp, mb.old_log_probs, mb.advantages, action_mask=mb.action_mask)[0]
+        if s.kl_coef > 0:
+            kl = compute_approx_kl(lp, mb.base_log_probs, log_probs_old=mb.old_log_probs, kl_estimator=s.kl_estimator)
+            loss = loss + aggregate_loss(kl, mb.action_mask) * s.kl_coef
+        (loss / len(case.batches)).backward()
+        losses.append(loss.detach())
+    grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), s.clip_grad)
+    optim.step()
+    return {"before": before, "loss": float(torch.stack(losses).mean()), "grad_norm": float(grad_norm),
+            "after": log_probs()}
+
+
+def _worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str) -> None:
+    import torch.distributed as dist
+
+    from openrlhf_oppo.compat.megatron_cpu import on_cpu
+    from openrlhf_oppo.megatron import parallel
+    from openrlhf_oppo.megatron.engine import MegatronActor
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        case: Case = torch.load(case_path, weights_only=False)
+        with on_cpu():
+            parallel.initialize(tp, pp, seed=0)
+            actor = MegatronActor(case.hf_config, case.hf_state, case.settings)
+            before = actor.log_probs(case.batches)
+            stats = actor.train_step(case.batches)
+            after = actor.log_probs(case.batches)
+            from megatron.core import parallel_state as ps
+
+            if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
+                loss = stats["policy_loss"] + stats.get("kl", 0.0) * case.settings.kl_coef
+                torch.save({"before": before, "loss": loss, "grad_norm": stats["grad_norm"], "after": after}, out_path)
+            parallel.destroy()
+    finally:
+        dist.destroy_process_group()
+
+
+def megatron_step(case: Case, tp: int, pp: int, port: int = 29531) -> dict:
+    """The same step by the Megatron backend on tp*pp gloo processes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        case_path, out_path = Path(tmp) / "case.pt", Path(tmp) / "out.pt"
+        torch.save(case, case_path)
+        mp.spawn(_worker, args=(tp * pp, tp, pp, port, str(case_path), str(out_path)), nprocs=tp * pp, join=True)
+        return torch.load(out_path, weights_only=False)
