@@ -160,7 +160,7 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     (pkg / "cli" / "helper.py").write_text("")
     graph = import_graph(pkg)
     assert cycles(graph) == [["openrlhf_oppo.core.a", "openrlhf_oppo.core.b"]]
-    assert upward_imports(graph) == ["openrlhf_oppo.core.b (layer 2) -> openrlhf_oppo.cli.main (layer 10)"]
+    assert upward_imports(graph) == ["openrlhf_oppo.core.b (layer 2) -> openrlhf_oppo.cli.main (layer 11)"]
     assert graph["openrlhf_oppo.cli.main"] == {"openrlhf_oppo.cli.helper"}
 
 
