@@ -97,6 +97,13 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn.trainers"),
     _T("openrlhf.datasets.SFTDataset", "patched", "tasks.learn.trainers"),  # __getitem__: a loop record has no end
     _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn.evaluation"),
+    # the Megatron backend trains with OpenRLHF's losses and normalisation; its check runs OpenRLHF's actor
+    _T("openrlhf.models.loss.PolicyLoss", "called", "megatron.engine"),
+    _T("openrlhf.models.loss.aggregate_loss", "called", "megatron.engine"),
+    _T("openrlhf.models.utils.compute_approx_kl", "called", "megatron.engine"),
+    _T("openrlhf.utils.loss_utils._optimizer_step_loss_norm", "called", "megatron.engine"),
+    _T("openrlhf.utils.loss_utils.iter_grad_accum_global_norm", "called", "megatron.equivalence"),
+    _T("openrlhf.models.Actor", "called", "megatron.equivalence"),
 )
 
 

@@ -7,9 +7,12 @@ micro-batches, runs them through `get_forward_backward_func` (one pipeline sched
 PP size), and computes log-probs like `openrlhf.models.Actor` (positions from the attention
 mask, logits in fp32 divided by the temperature) but over vocabulary-parallel logits
 (`tensor_parallel.vocab_parallel_cross_entropy`). The loss is OpenRLHF's `PolicyLoss` plus,
-with `kl_coef` > 0, its KL loss (`compute_approx_kl`, `aggregate_loss`), averaged over
-micro-batches as DeepSpeed's gradient accumulation does. Gradients go through Megatron's DDP
-and distributed optimizer (Adam with decoupled weight decay, gradient clipping).
+with `kl_coef` > 0, its KL loss (`compute_approx_kl`, `aggregate_loss`), normalised as
+OpenRLHF 0.11.2 normalises a DeepSpeed step (`loss_utils._optimizer_step_loss_norm`: one token
+mean over all the step's micro-batches and data-parallel ranks; Megatron's schedule divides by
+the number of micro-batches as DeepSpeed divides by its accumulation steps). Gradients go
+through Megatron's DDP and distributed optimizer (Adam with decoupled weight decay, gradient
+clipping).
 """
 
 from __future__ import annotations
@@ -138,31 +141,37 @@ class MegatronActor:
             out = self._run(batches, loss_of, forward_only=True)
         return [o["log_probs"] for o in out] if ps.is_pipeline_last_stage() else None
 
-    def _loss(self, logits: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+    def _loss(self, logits: torch.Tensor, mb: MicroBatch, norm: dict) -> tuple[torch.Tensor, dict]:
         from openrlhf.models.loss import aggregate_loss
         from openrlhf.models.utils import compute_approx_kl
 
         lp = action_log_probs(logits, mb, self.settings.temperature)
         loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(lp, mb.old_log_probs, mb.advantages,
-                                                          action_mask=mb.action_mask)
+                                                          action_mask=mb.action_mask, **norm)
         stats = {"policy_loss": loss.detach(), "ppo_clip_ratio": clip_ratio.detach(), "ppo_kl": ppo_kl.detach()}
         if self.settings.kl_coef > 0:
             kl = compute_approx_kl(lp, mb.base_log_probs, log_probs_old=mb.old_log_probs,
                                    kl_estimator=self.settings.kl_estimator)
-            kl_loss = aggregate_loss(kl, mb.action_mask)
+            kl_loss = aggregate_loss(kl, mb.action_mask, **norm)
             stats["kl"] = kl_loss.detach()
             loss = loss + kl_loss * self.settings.kl_coef
         return loss, stats
 
     def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
-        """One optimizer step over the micro-batches (gradients accumulated): the mean of each
-        micro-batch's statistics (last pipeline stage; {} on the others) and the gradient norm."""
+        """One optimizer step over this rank's micro-batches (gradients accumulated): the mean of
+        the micro-batches' statistics (for the losses, the step's token mean: each micro-batch's
+        loss is its share times their number) on the last pipeline stage ({} on the others),
+        and the gradient norm."""
         from megatron.core import parallel_state as ps
+        from openrlhf.utils.loss_utils import _optimizer_step_loss_norm
 
+        dp_group = ps.get_data_parallel_group()
+        norm = _optimizer_step_loss_norm([mb.action_mask for mb in batches], dp_group,
+                                         ps.get_data_parallel_world_size(), len(batches))
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        out = self._run(batches, self._loss, forward_only=False)
+        out = self._run(batches, lambda logits, mb: self._loss(logits, mb, norm), forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError("the Megatron optimizer skipped its step (non-finite gradients)")

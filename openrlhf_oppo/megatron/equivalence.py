@@ -28,14 +28,16 @@ class Case:
 
 
 def reference_step(case: Case) -> dict:
-    """The step as OpenRLHF's DeepSpeed actor computes it: the micro-batches' losses averaged
-    (gradient accumulation), the global gradient norm clipped, then AdamW."""
+    """The step as OpenRLHF 0.11.2's DeepSpeed actor computes it: each micro-batch's loss
+    normalised by the whole step's tokens (`iter_grad_accum_global_norm`), scaled by 1/gas as
+    DeepSpeed's accumulation does, the global gradient norm clipped, then AdamW."""
     from openrlhf_oppo import compat
 
     compat.apply()
     from openrlhf.models import Actor
     from openrlhf.models.loss import PolicyLoss, aggregate_loss
     from openrlhf.models.utils import compute_approx_kl
+    from openrlhf.utils.loss_utils import iter_grad_accum_global_norm
     from transformers import AutoModelForCausalLM
 
     s = case.settings
@@ -51,18 +53,19 @@ def reference_step(case: Case) -> dict:
             return [actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask) for mb in case.batches]
 
     before = log_probs()
-    losses = []
-    for mb in case.batches:
+    losses, gas = [], len(case.batches)
+    no_mesh = type("Strategy", (), {})()  # one data-parallel rank: no device mesh
+    for mb, norm in iter_grad_accum_global_norm(case.batches, no_mesh, gas, lambda mb: mb.action_mask):
         lp = actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask)
-        loss = loss_fn(lp, mb.old_log_probs, mb.advantages, action_mask=mb.action_mask)[0]
+        loss = loss_fn(lp, mb.old_log_probs, mb.advantages, action_mask=mb.action_mask, **norm)[0]
         if s.kl_coef > 0:
             kl = compute_approx_kl(lp, mb.base_log_probs, log_probs_old=mb.old_log_probs, kl_estimator=s.kl_estimator)
-            loss = loss + aggregate_loss(kl, mb.action_mask) * s.kl_coef
-        (loss / len(case.batches)).backward()
-        losses.append(loss.detach())
+            loss = loss + aggregate_loss(kl, mb.action_mask, **norm) * s.kl_coef
+        (loss / gas).backward()
+        losses.append(loss.detach() / gas)
     grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), s.clip_grad)
     optim.step()
-    return {"before": before, "loss": float(torch.stack(losses).mean()), "grad_norm": float(grad_norm),
+    return {"before": before, "loss": float(torch.stack(losses).sum()), "grad_norm": float(grad_norm),
             "after": log_probs()}
 
 
