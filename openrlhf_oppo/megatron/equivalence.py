@@ -1,7 +1,9 @@
 """One PPO step, twice: by OpenRLHF's actor (a Hugging Face model, `openrlhf.models.Actor`,
 `PolicyLoss`, gradient clipping and AdamW, what the DeepSpeed backend computes) and by the
 Megatron backend at a given TP/PP on gloo processes, from the same weights and batch. Each
-returns the action log-probs before the step, the loss and the log-probs after it.
+returns the action log-probs before the step, the loss, the gradient norm, the log-probs after
+the step and the weights after it under Hugging Face names (on the Megatron side gathered from
+the shards by `export.hf_weights`, which also must give back the loaded weights exactly).
 
 `compare(case, tp, pp)` spawns tp*pp processes (CPU under `compat.megatron_cpu`, or a GPU each);
 `tests/megatron/test_equivalence.py` holds both sides to a stated tolerance.
@@ -66,14 +68,14 @@ def reference_step(case: Case) -> dict:
     grad_norm = torch.nn.utils.clip_grad_norm_(actor.parameters(), s.clip_grad)
     optim.step()
     return {"before": before, "loss": float(torch.stack(losses).sum()), "grad_norm": float(grad_norm),
-            "after": log_probs()}
+            "after": log_probs(), "weights": {k: v.detach().clone() for k, v in hf.state_dict().items()}}
 
 
 def _worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str) -> None:
     import torch.distributed as dist
 
     from openrlhf_oppo.compat.megatron_cpu import on_cpu
-    from openrlhf_oppo.megatron import parallel
+    from openrlhf_oppo.megatron import export, parallel
     from openrlhf_oppo.megatron.engine import MegatronActor
 
     torch.set_num_threads(1)
@@ -84,14 +86,17 @@ def _worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, 
         with on_cpu():
             parallel.initialize(tp, pp, seed=0)
             actor = MegatronActor(case.hf_config, case.hf_state, case.settings)
+            loaded = {name: t.clone() for name, t in export.hf_weights(actor.model.module, actor.shape)}
             before = actor.log_probs(case.batches)
             stats = actor.train_step(case.batches)
             after = actor.log_probs(case.batches)
+            weights = {name: t.clone() for name, t in export.hf_weights(actor.model.module, actor.shape)}
             from megatron.core import parallel_state as ps
 
             if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
                 loss = stats["policy_loss"] + stats.get("kl", 0.0) * case.settings.kl_coef
-                torch.save({"before": before, "loss": loss, "grad_norm": stats["grad_norm"], "after": after}, out_path)
+                torch.save({"before": before, "loss": loss, "grad_norm": stats["grad_norm"], "after": after,
+                            "loaded": loaded, "weights": weights}, out_path)
             parallel.destroy()
     finally:
         dist.destroy_process_group()

@@ -1,7 +1,8 @@
 """One PPO step by the Megatron backend (TP = 1, TP = 2, PP = 2 on gloo processes) against the
 same step as OpenRLHF's actor computes it (`openrlhf.models.Actor`, `PolicyLoss`, the KL loss,
 gradient clipping, AdamW), from the same weights and batch: action log-probs before the step,
-the loss, the gradient norm, and the log-probs after the step.
+the loss, the gradient norm, the log-probs after the step, and the weights after it gathered
+back under Hugging Face names (what the weight sync into vLLM and the export send).
 
 The batch exercises what a PPO batch holds: left-padded prompts, a response padded on the right
 (action mask 0), two micro-batches of different lengths (gradient accumulation; the pipeline
@@ -21,6 +22,8 @@ from openrlhf_oppo.megatron.engine import MicroBatch, Settings
 
 TOL_LOGPROBS = 1e-5  # fp32, a 2-layer model: the two backends sum in different orders
 TOL_AFTER = 1e-4  # after one Adam step of lr 1e-2 (which moves the log-probs by ~0.5)
+TOL_WEIGHTS = 1e-4  # 1 % of the step: Adam's first step is lr * g / (|g| + eps), near lr * sign(g),
+# so a weight whose gradient is near eps moves by a share of lr that rounding decides
 TOL_REL = 1e-5  # loss and gradient norm, relative (fp32 sums of ~100 terms)
 
 
@@ -89,3 +92,9 @@ def test_one_ppo_step_equals_openrlhfs_actor(case_and_reference, tp, pp):
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=TOL_REL)
     assert ref["grad_norm"] > case.settings.clip_grad  # clipping was applied on both sides
     assert _max_diff(got["after"], ref["after"]) < TOL_AFTER
+    # the weights under Hugging Face names, gathered from the shards (what the vLLM sync and the
+    # export send): the loaded ones exactly, and the updated ones as OpenRLHF's step left them
+    assert got["loaded"].keys() == case.hf_state.keys() == got["weights"].keys()
+    assert all(torch.equal(got["loaded"][k], case.hf_state[k]) for k in case.hf_state)
+    assert max((got["weights"][k] - ref["weights"][k]).abs().max().item() for k in case.hf_state) < TOL_WEIGHTS
+    assert min((ref["weights"][k] - case.hf_state[k]).abs().max().item() for k in case.hf_state) > 10 * TOL_WEIGHTS
