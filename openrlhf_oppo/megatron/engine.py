@@ -17,7 +17,9 @@ clipping).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -180,3 +182,77 @@ class MegatronActor:
             stats = {k: float(torch.stack([o[k] for o in out]).mean()) for k in out[0]}
         stats["grad_norm"] = float(grad_norm)
         return stats
+
+    def _files(self, ckpt: Path) -> tuple[Path, Path, Path]:
+        from megatron.core import parallel_state as ps
+
+        tag = f"tp{ps.get_tensor_model_parallel_rank()}_pp{ps.get_pipeline_model_parallel_rank()}"
+        return ckpt / f"model_{tag}.pt", ckpt / f"optimizer_{tag}.pt", ckpt / f"params_{tag}.pt"
+
+    def _layout(self) -> dict:
+        from megatron.core import parallel_state as ps
+
+        return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+                "layers": self.shape.layers, "hidden": self.shape.hidden, "vocab": self.shape.vocab}
+
+    def save(self, ckpt: str | Path) -> None:
+        """A checkpoint of this actor (a collective): each tensor/pipeline shard's weights and
+        optimizer state from data-parallel rank 0 (the distributed optimizer's moments and fp32
+        main weights gathered there), and `layout.json`, which a resume must match."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        ckpt = Path(ckpt)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        model_file, optim_file, params_file = self._files(ckpt)
+        self.optimizer.save_parameter_state(str(params_file))  # a collective over data-parallel ranks
+        if ps.get_data_parallel_rank() == 0:
+            torch.save(self.model.module.state_dict(), model_file)
+            torch.save(self.optimizer.state_dict(), optim_file)
+        if dist.get_rank() == 0:
+            (ckpt / "layout.json").write_text(json.dumps(self._layout()))
+        dist.barrier()
+
+    def load(self, ckpt: str | Path) -> None:
+        """Resume from `save`'s checkpoint, saved with the same TP/PP layout and model."""
+        ckpt = Path(ckpt)
+        layout_file = ckpt / "layout.json"
+        if not layout_file.is_file():
+            raise FileNotFoundError(f"{ckpt} holds no Megatron checkpoint (no layout.json)")
+        saved, now = json.loads(layout_file.read_text()), self._layout()
+        if saved != now:
+            raise ValueError(f"the checkpoint {ckpt} was saved with {saved}; this run has {now}: "
+                             "resume with the same tensor- and pipeline-parallel sizes and model")
+        model_file, optim_file, params_file = self._files(ckpt)
+        self.model.module.load_state_dict(torch.load(model_file, weights_only=True))
+        self.optimizer.load_state_dict(torch.load(optim_file, weights_only=False))
+        with torch.no_grad():  # fp32 main weights are views of the model's: copied in place
+            self._load_parameter_state(str(params_file))
+
+    def _load_parameter_state(self, path: str) -> None:
+        """Two gaps of megatron-core 0.16.1 with torch's AdamW (no Transformer Engine, no apex):
+        `load_state_dict` gives every parameter's state the same "step" tensor, which AdamW then
+        increments once per parameter (every bias correction after a resume would be wrong), so
+        each gets its own; and the saved parameter state holds no "step" while
+        `_set_main_param_and_optimizer_states` copies every key of the live state, so the live
+        step is kept."""
+        chained = self.optimizer.chained_optimizers
+        for opt in chained:
+            for state in opt.optimizer.state.values():
+                if "step" in state:
+                    state["step"] = state["step"].clone()
+            original = opt._set_main_param_and_optimizer_states
+
+            def keep_step(model_param, tensors, _opt=opt, _original=original):
+                group, order = _opt.model_param_group_index_map[model_param]
+                live = _opt.optimizer.state[_opt.optimizer.param_groups[group]["params"][order]]
+                if "step" in live and "step" not in tensors:
+                    tensors = {**tensors, "step": live["step"]}
+                _original(model_param, tensors)
+
+            opt._set_main_param_and_optimizer_states = keep_step
+        try:
+            self.optimizer.load_parameter_state(path)
+        finally:
+            for opt in chained:
+                del opt._set_main_param_and_optimizer_states

@@ -102,12 +102,57 @@ def _worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, 
         dist.destroy_process_group()
 
 
-def megatron_step(case: Case, tp: int, pp: int, port: int = 29531) -> dict:
-    """The same step by the Megatron backend on tp*pp gloo processes."""
+def _resume_worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str,
+                   ckpt: str, phase: str) -> None:
+    """`phase` "save": a step, then a checkpoint; "resume": load it; "straight": two steps. Each
+    phase then takes one more step and writes the log-probs after it."""
+    import torch.distributed as dist
+
+    from openrlhf_oppo.compat.megatron_cpu import on_cpu
+    from openrlhf_oppo.megatron import parallel
+    from openrlhf_oppo.megatron.engine import MegatronActor
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        case: Case = torch.load(case_path, weights_only=False)
+        with on_cpu():
+            parallel.initialize(tp, pp, seed=0)
+            actor = MegatronActor(case.hf_config, case.hf_state, case.settings)
+            if phase == "resume":
+                actor.load(ckpt)
+            else:
+                actor.train_step(case.batches)
+            if phase == "save":
+                actor.save(ckpt)
+            actor.train_step(case.batches)
+            after = actor.log_probs(case.batches)
+            if after is not None and dist.get_rank() == world - 1:
+                torch.save(after, out_path)
+            parallel.destroy()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(fn, case: Case, tp: int, pp: int, port: int, *extra) -> object:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         case_path, out_path = Path(tmp) / "case.pt", Path(tmp) / "out.pt"
         torch.save(case, case_path)
-        mp.spawn(_worker, args=(tp * pp, tp, pp, port, str(case_path), str(out_path)), nprocs=tp * pp, join=True)
+        mp.spawn(fn, args=(tp * pp, tp, pp, port, str(case_path), str(out_path), *extra), nprocs=tp * pp, join=True)
         return torch.load(out_path, weights_only=False)
+
+
+def megatron_step(case: Case, tp: int, pp: int, port: int = 29531) -> dict:
+    """The same step by the Megatron backend on tp*pp gloo processes."""
+    return _spawn(_worker, case, tp, pp, port)
+
+
+def resumed_vs_straight(case: Case, tp: int, pp: int, ckpt: str, port: int = 29531) -> dict:
+    """Log-probs after two steps in one run, and after one step, a checkpoint, a fresh set of
+    processes that load it, and the second step."""
+    straight = _spawn(_resume_worker, case, tp, pp, port, ckpt, "straight")
+    _spawn(_resume_worker, case, tp, pp, port, ckpt, "save")
+    return {"straight": straight, "resumed": _spawn(_resume_worker, case, tp, pp, port, ckpt, "resume")}

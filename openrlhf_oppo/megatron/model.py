@@ -68,9 +68,9 @@ class Shape:
         for what, n in (("attention heads", self.heads), ("key/value heads", self.kv_heads),
                         ("the vocabulary", self.vocab), ("the MLP width", self.ffn)):
             if n % tp:
-                raise ValueError(f"--megatron.tp {tp} must divide {what} ({n})")
+                raise ValueError(f"tensor-parallel size {tp} must divide {what} ({n})")
         if self.layers % pp:
-            raise ValueError(f"--megatron.pp {pp} must divide the layers ({self.layers})")
+            raise ValueError(f"pipeline-parallel size {pp} must divide the layers ({self.layers})")
 
 
 def transformer_config(shape: Shape, dtype: torch.dtype, tp: int, pp: int):

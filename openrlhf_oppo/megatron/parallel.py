@@ -12,7 +12,8 @@ def initialize(tp: int, pp: int, seed: int) -> None:
 
     world = dist.get_world_size()
     if world % (tp * pp):
-        raise ValueError(f"--megatron.tp {tp} x --megatron.pp {pp} must divide the {world} training ranks")
+        raise ValueError(f"tensor-parallel size {tp} x pipeline-parallel size {pp} must divide "
+                         f"the {world} training ranks")
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)

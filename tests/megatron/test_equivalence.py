@@ -98,3 +98,16 @@ def test_one_ppo_step_equals_openrlhfs_actor(case_and_reference, tp, pp):
     assert all(torch.equal(got["loaded"][k], case.hf_state[k]) for k in case.hf_state)
     assert max((got["weights"][k] - ref["weights"][k]).abs().max().item() for k in case.hf_state) < TOL_WEIGHTS
     assert min((ref["weights"][k] - case.hf_state[k]).abs().max().item() for k in case.hf_state) > 10 * TOL_WEIGHTS
+
+
+def test_a_resumed_run_takes_the_step_an_unbroken_one_takes(case_and_reference, tmp_path):
+    """TP = 2: one step, a checkpoint, new processes that load it, a second step: the same
+    log-probs as two steps in one run (the Adam moments and step count came back; without
+    them the second step would differ)."""
+    from openrlhf_oppo.megatron import equivalence
+
+    case, _ = case_and_reference
+    out = equivalence.resumed_vs_straight(case, 2, 1, str(tmp_path / "ckpt"), port=_free_port())
+    assert _max_diff(out["resumed"], out["straight"]) < 1e-6
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[:3] == ["layout.json", "model_tp0_pp0.pt",
+                                                                         "model_tp1_pp0.pt"]
