@@ -52,3 +52,17 @@ def test_qwen2_and_llama_configs_read_their_bias_and_tying():
 def test_a_parallel_layout_that_does_not_divide_the_model_is_refused(tp, pp, message):
     with pytest.raises(ValueError, match=message):
         _shape().check_parallel(tp, pp)
+
+
+def test_a_checkpoint_of_another_layout_is_refused_naming_both(tmp_path):
+    import json
+    import types
+
+    from openrlhf_oppo.megatron.engine import MegatronActor
+
+    (tmp_path / "layout.json").write_text(json.dumps({"tp": 2, "pp": 1, "layers": 2, "hidden": 32, "vocab": 64}))
+    now = types.SimpleNamespace(_layout=lambda: {"tp": 1, "pp": 2, "layers": 2, "hidden": 32, "vocab": 64})
+    with pytest.raises(ValueError, match=r"saved with \{'tp': 2, 'pp': 1.*this run has \{'tp': 1, 'pp': 2"):
+        MegatronActor.load(now, tmp_path)
+    with pytest.raises(FileNotFoundError, match="no layout.json"):
+        MegatronActor.load(now, tmp_path / "missing")
