@@ -111,3 +111,22 @@ def test_a_resumed_run_takes_the_step_an_unbroken_one_takes(case_and_reference, 
     assert _max_diff(out["resumed"], out["straight"]) < 1e-6
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir())[:3] == ["layout.json", "model_tp0_pp0.pt",
                                                                          "model_tp1_pp0.pt"]
+
+
+def test_in_bf16_the_step_stays_within_bf16s_own_rounding(case_and_reference):
+    """TP = 2 in bf16 (Megatron's bf16 path: bf16 weights, fp32 main weights and gradient
+    reduction in the distributed optimizer) against the fp32 step. The floor is how far the
+    same step in plain-torch bf16 lands from fp32; the Megatron step must stay within twice it."""
+    import dataclasses
+
+    from openrlhf_oppo.megatron import equivalence
+
+    case, ref = case_and_reference
+    bf16 = equivalence.Case(case.hf_config, case.hf_state, case.batches,
+                            dataclasses.replace(case.settings, dtype=torch.bfloat16))
+    floor = equivalence.reference_step(bf16)
+    got = equivalence.megatron_step(bf16, 2, 1, port=_free_port())
+    assert 0 < _max_diff(got["before"], ref["before"]) <= 2 * _max_diff(floor["before"], ref["before"])
+    assert _max_diff(got["after"], ref["after"]) <= 2 * _max_diff(floor["after"], ref["after"])
+    assert got["loss"] == pytest.approx(ref["loss"], rel=2 * abs(floor["loss"] / ref["loss"] - 1))
+    assert all(t.dtype == torch.bfloat16 for t in got["weights"].values())
