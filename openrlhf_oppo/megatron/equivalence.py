@@ -5,7 +5,7 @@ returns the action log-probs before the step, the loss, the gradient norm, the l
 the step and the weights after it under Hugging Face names (on the Megatron side gathered from
 the shards by `export.hf_weights`, which also must give back the loaded weights exactly).
 
-`compare(case, tp, pp)` spawns tp*pp processes (CPU under `compat.megatron_cpu`, or a GPU each);
+`megatron_step(case, tp, pp)` spawns tp*pp processes (CPU under `compat.megatron_cpu`, or a GPU each);
 `tests/megatron/test_equivalence.py` holds both sides to a stated tolerance.
 """
 
@@ -135,19 +135,22 @@ def _resume_worker(rank: int, world: int, tp: int, pp: int, port: int, case_path
         dist.destroy_process_group()
 
 
-def _spawn(fn, case: Case, tp: int, pp: int, port: int, *extra) -> object:
+def _spawn(fn, case: Case, tp: int, pp: int, port: int, *extra, dp: int = 1) -> object:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         case_path, out_path = Path(tmp) / "case.pt", Path(tmp) / "out.pt"
         torch.save(case, case_path)
-        mp.spawn(fn, args=(tp * pp, tp, pp, port, str(case_path), str(out_path), *extra), nprocs=tp * pp, join=True)
+        world = tp * pp * dp
+        mp.spawn(fn, args=(world, tp, pp, port, str(case_path), str(out_path), *extra), nprocs=world, join=True)
         return torch.load(out_path, weights_only=False)
 
 
-def megatron_step(case: Case, tp: int, pp: int, port: int = 29531) -> dict:
-    """The same step by the Megatron backend on tp*pp gloo processes."""
-    return _spawn(_worker, case, tp, pp, port)
+def megatron_step(case: Case, tp: int, pp: int, port: int = 29531, dp: int = 1) -> dict:
+    """The same step by the Megatron backend on tp*pp*dp gloo processes; with dp > 1 every
+    data-parallel rank takes the whole batch (so the step must equal the single-rank one: the
+    loss normalisation over ranks and the optimizer state sharded across them are what differ)."""
+    return _spawn(_worker, case, tp, pp, port, dp=dp)
 
 
 def resumed_vs_straight(case: Case, tp: int, pp: int, ckpt: str, port: int = 29531) -> dict:

@@ -80,12 +80,13 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (1, 2)], ids=["tp1", "tp2", "pp2"])
-def test_one_ppo_step_equals_openrlhfs_actor(case_and_reference, tp, pp):
+@pytest.mark.parametrize(("tp", "pp", "dp"), [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2)],
+                         ids=["tp1", "tp2", "pp2", "dp2"])
+def test_one_ppo_step_equals_openrlhfs_actor(case_and_reference, tp, pp, dp):
     from openrlhf_oppo.megatron import equivalence
 
     case, ref = case_and_reference
-    got = equivalence.megatron_step(case, tp, pp, port=_free_port())
+    got = equivalence.megatron_step(case, tp, pp, port=_free_port(), dp=dp)
     assert _max_diff(ref["before"], ref["after"]) > 100 * TOL_AFTER  # the step moved the policy
     assert _max_diff(got["before"], ref["before"]) < TOL_LOGPROBS
     assert got["loss"] == pytest.approx(ref["loss"], rel=TOL_REL)
