@@ -11,6 +11,7 @@ the shards by `export.hf_weights`, which also must give back the loaded weights 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -71,41 +72,9 @@ def reference_step(case: Case) -> dict:
             "after": log_probs(), "weights": {k: v.detach().clone() for k, v in hf.state_dict().items()}}
 
 
-def _worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str) -> None:
-    import torch.distributed as dist
-
-    from openrlhf_oppo.compat.megatron_cpu import on_cpu
-    from openrlhf_oppo.megatron import export, parallel
-    from openrlhf_oppo.megatron.engine import MegatronActor
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        case: Case = torch.load(case_path, weights_only=False)
-        with on_cpu():
-            parallel.initialize(tp, pp, seed=0)
-            actor = MegatronActor(case.hf_config, case.hf_state, case.settings)
-            loaded = {name: t.clone() for name, t in export.hf_weights(actor.model.module, actor.shape)}
-            before = actor.log_probs(case.batches)
-            stats = actor.train_step(case.batches)
-            after = actor.log_probs(case.batches)
-            weights = {name: t.clone() for name, t in export.hf_weights(actor.model.module, actor.shape)}
-            from megatron.core import parallel_state as ps
-
-            if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
-                loss = stats["policy_loss"] + stats.get("kl", 0.0) * case.settings.kl_coef
-                torch.save({"before": before, "loss": loss, "grad_norm": stats["grad_norm"], "after": after,
-                            "loaded": loaded, "weights": weights}, out_path)
-            parallel.destroy()
-    finally:
-        dist.destroy_process_group()
-
-
-def _resume_worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str,
-                   ckpt: str, phase: str) -> None:
-    """`phase` "save": a step, then a checkpoint; "resume": load it; "straight": two steps. Each
-    phase then takes one more step and writes the log-probs after it."""
+@contextlib.contextmanager
+def _megatron_rank(rank: int, world: int, tp: int, pp: int, port: int, case_path: str):
+    """This process as one rank of a gloo group with Megatron's groups: the case and its actor."""
     import torch.distributed as dist
 
     from openrlhf_oppo.compat.megatron_cpu import on_cpu
@@ -119,20 +88,44 @@ def _resume_worker(rank: int, world: int, tp: int, pp: int, port: int, case_path
         case: Case = torch.load(case_path, weights_only=False)
         with on_cpu():
             parallel.initialize(tp, pp, seed=0)
-            actor = MegatronActor(case.hf_config, case.hf_state, case.settings)
-            if phase == "resume":
-                actor.load(ckpt)
-            else:
-                actor.train_step(case.batches)
-            if phase == "save":
-                actor.save(ckpt)
-            actor.train_step(case.batches)
-            after = actor.log_probs(case.batches)
-            if after is not None and dist.get_rank() == world - 1:
-                torch.save(after, out_path)
+            yield case, MegatronActor(case.hf_config, case.hf_state, case.settings)
             parallel.destroy()
     finally:
         dist.destroy_process_group()
+
+
+def _worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str) -> None:
+    from megatron.core import parallel_state as ps
+
+    from openrlhf_oppo.megatron import export
+
+    with _megatron_rank(rank, world, tp, pp, port, case_path) as (case, actor):
+        loaded = {name: t.clone() for name, t in export.hf_weights(actor.model.module, actor.shape)}
+        before = actor.log_probs(case.batches)
+        stats = actor.train_step(case.batches)
+        after = actor.log_probs(case.batches)
+        weights = {name: t.clone() for name, t in export.hf_weights(actor.model.module, actor.shape)}
+        if ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0:
+            loss = stats["policy_loss"] + stats.get("kl", 0.0) * case.settings.kl_coef
+            torch.save({"before": before, "loss": loss, "grad_norm": stats["grad_norm"], "after": after,
+                        "loaded": loaded, "weights": weights}, out_path)
+
+
+def _resume_worker(rank: int, world: int, tp: int, pp: int, port: int, case_path: str, out_path: str,
+                   ckpt: str, phase: str) -> None:
+    """`phase` "save": a step, then a checkpoint; "resume": load it; "straight": two steps. Each
+    phase then takes one more step and writes the log-probs after it."""
+    with _megatron_rank(rank, world, tp, pp, port, case_path) as (case, actor):
+        if phase == "resume":
+            actor.load(ckpt)
+        else:
+            actor.train_step(case.batches)
+        if phase == "save":
+            actor.save(ckpt)
+        actor.train_step(case.batches)
+        after = actor.log_probs(case.batches)
+        if after is not None and rank == world - 1:
+            torch.save(after, out_path)
 
 
 def _spawn(fn, case: Case, tp: int, pp: int, port: int, *extra, dp: int = 1) -> object:
