@@ -169,6 +169,8 @@ def megatron_state(hf: dict[str, torch.Tensor], shape: Shape) -> dict[str, torch
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
         if not shape.tied:
             out["output_layer.weight"] = _rows(hf["lm_head.weight"], rank, tp)
+        elif not ps.is_pipeline_first_stage():  # a later stage's own copy of the tied embedding
+            out["output_layer.weight"] = _rows(hf["model.embed_tokens.weight"], rank, tp)
     return out
 
 
@@ -176,8 +178,7 @@ def load_hf(model, hf: dict[str, torch.Tensor], shape: Shape) -> None:
     """Copy a full Hugging Face state dict into this rank's shards; every Megatron weight must be set."""
     state = megatron_state(hf, shape)
     own = {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
-    tied_copy = {"output_layer.weight"} if shape.tied else set()
-    missing = sorted(set(own) - set(state) - tied_copy)
+    missing = sorted(set(own) - set(state))
     if missing:
         raise KeyError(f"no Hugging Face weight maps to {missing[:4]}{'...' if len(missing) > 4 else ''}")
     with torch.no_grad():
@@ -185,13 +186,3 @@ def load_hf(model, hf: dict[str, torch.Tensor], shape: Shape) -> None:
             if name not in own:
                 raise KeyError(f"{name} is not a weight of this Megatron model stage")
             own[name].copy_(value.to(own[name].dtype))
-    if shape.tied and "output_layer.weight" in own:  # the last stage's copy of the tied embedding
-        with torch.no_grad():
-            own["output_layer.weight"].copy_(_rows(hf["model.embed_tokens.weight"], *_tp_rank_size()).to(
-                own["output_layer.weight"].dtype))
-
-
-def _tp_rank_size() -> tuple[int, int]:
-    from megatron.core import parallel_state as ps
-
-    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
