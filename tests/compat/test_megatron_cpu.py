@@ -10,12 +10,15 @@ import threading
 import pytest
 import torch
 
+from openrlhf_oppo import compat
 from openrlhf_oppo.compat import megatron_cpu
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the shim does nothing where CUDA is present")
 
 
 def test_cuda_devices_become_the_cpu_inside_and_nothing_changes_outside():
+    compat.apply()  # on_cpu applies OpenRLHF's CPU patches; what it undoes is what it stubbed on top
+    before = {name: getattr(torch.cuda, name) for name in ("current_device", "synchronize")}
     with megatron_cpu.on_cpu():
         assert torch.zeros([], dtype=torch.int, device="cuda").device.type == "cpu"
         assert torch.empty(2, device=torch.cuda.current_device()).device.type == "cpu"
@@ -29,12 +32,11 @@ def test_cuda_devices_become_the_cpu_inside_and_nothing_changes_outside():
         assert t.type(torch.float64).dtype == torch.float64  # a conversion stays a conversion
         torch.cuda.synchronize()
     assert torch.ones(3).type() == "torch.FloatTensor"
-    with pytest.raises((RuntimeError, AssertionError)):
-        torch.cuda.current_device()
+    assert {name: getattr(torch.cuda, name) for name in before} == before
     with pytest.raises((RuntimeError, AssertionError)):
         torch.zeros(1, device="cuda")
     with pytest.raises((RuntimeError, AssertionError)):
-        torch.cuda.synchronize()
+        torch.ones(3).cuda()
 
 
 def test_the_mode_is_per_thread():
