@@ -169,8 +169,9 @@ class StreamingConfig:
     reward: bool = _f(True, "Stream into the reward model.")
     reference: bool = _f(
         False,
-        "Stream into the reference model (frozen: its cache survives steps). The scorer exists "
-        "(openrlhf_oppo.models); the OpenRLHF integration does not route chunks to it yet.",
+        "Stream into the reference model: OpenRLHF's reference group (built when --algo.kl.init_coef > 0, "
+        "placed as OpenRLHF places it) is made of streaming reference actors, each holding the whole frozen "
+        "reference, and their per-token log-probs replace OpenRLHF's reference forward in experience making.",
     )
     critic: bool = _f(
         False,
@@ -182,7 +183,8 @@ class StreamingConfig:
         "Stream the reference into streaming reference actors that hold the whole frozen reference "
         "model, on devices of their own or beside the engines (as the streaming reward actors hold the "
         "reward model), instead of the training devices' ZeRO-3 copy; needs streaming.reference. A "
-        "simulator projection (openrlhf-oppo simulate): the OpenRLHF integration refuses it.",
+        "simulator setting (openrlhf-oppo simulate): in a run the actors are placed as OpenRLHF places its "
+        "reference group, and the launcher refuses this flag.",
     )
     reward_pooling: str = _f(
         "last",

@@ -42,6 +42,10 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.trainer.ppo_trainer.PPOTrainer", "swapped", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor", "swapped", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ray.launcher.RewardModelActor", "swapped", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ray.launcher.ReferenceModelActor", "swapped", "integrations.runtime.trainer"),
+    # the streamed reference log-probs in place of the reference group's forward
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker._dispatch_forward", "wrapped",
+       "integrations.runtime.reference"),
     _T("openrlhf.trainer.ray.vllm_engine.create_vllm_engines", "called", "integrations.runtime.trainer"),
     # OPPO's classes are subclasses of OpenRLHF's
     _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer", "subclassed", "integrations.runtime.trainer"),

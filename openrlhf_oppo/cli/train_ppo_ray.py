@@ -20,6 +20,7 @@ from openrlhf_oppo.integrations.launch.driver import (
     INCOMPATIBLE_FLAGS,
     JOB_CONFIG_ENV,
     OPENRLHF_MODULE,
+    STREAMING_REFERENCE_INCOMPATIBLE,
     STREAMING_REWARD_INCOMPATIBLE,
     check_flags,
     driver_env_vars,
@@ -29,8 +30,8 @@ from openrlhf_oppo.integrations.launch.driver import (
 )
 
 __all__ = ["CORRECTIONS", "FORWARDED_ENV", "INCOMPATIBLE_FLAGS", "JOB_CONFIG_ENV", "OPENRLHF_MODULE",
-           "STREAMING_REWARD_INCOMPATIBLE", "check_flags", "driver_env_vars", "main", "openrlhf_argv", "parse",
-           "streams_rewards"]
+           "STREAMING_REFERENCE_INCOMPATIBLE", "STREAMING_REWARD_INCOMPATIBLE", "check_flags", "driver_env_vars",
+           "main", "openrlhf_argv", "parse", "streams_rewards"]
 
 if __name__ == "__main__":
     sys.exit(main())

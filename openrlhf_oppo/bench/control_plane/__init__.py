@@ -4,7 +4,7 @@
         --samples 4 --chunk 256 32 --output runs/control-plane] [--profile] [--smoke]
 
 Runs the real samples generator (`OppoSamplesGenerator` with its `EnginePool`,
-`RewardDispatcher`, `StepMeter` and scheduler core) in this process, against real Ray actors
+`ScorerDispatcher`, `StepMeter` and scheduler core) in this process, against real Ray actors
 whose engine is synthetic (`actors.SyntheticEngine`: `OppoRolloutActor`'s interface and outbox,
 tokens emitted on a clock at `--tokens-per-s` per sequence, `--sequences` at once per engine,
 long-tail lengths from `bench.synthetic.LengthModel`) and whose reward actors acknowledge every

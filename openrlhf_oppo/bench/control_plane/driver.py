@@ -1,5 +1,5 @@
 """One `bench control-plane` run: the real `OppoSamplesGenerator`, `EnginePool`,
-`RewardDispatcher`, `StepMeter` and scheduler core, built as `trainer.build_samples_generator`
+`Scorers`, `StepMeter` and scheduler core, built as `trainer.build_samples_generator`
 builds them, around synthetic engines and scorers (`actors`); one OPPO step of B = all prompts
 (Δ = 0), measured from the driver process.
 
@@ -27,7 +27,7 @@ from openrlhf_oppo.config import ChunkConfig, DeltaConfig, OppoConfig, Streaming
 from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
-from openrlhf_oppo.integrations.runtime.reward_dispatch import REWARD, RewardDispatcher
+from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 
 TRACE_S = 0.25  # the driver's (time, CPU, tokens) is noted at most this often
@@ -145,11 +145,12 @@ def build(w: Workload, chunk_tokens: int, engines: list, scorers: list, progress
     lengths = w.response_lengths()
     meter = MeteredMeter(len(scorers))
     pool = MeteredPool(engines, sum(lengths.values()), len(lengths), meter, progress)
-    rewards = RewardDispatcher(scorers, scheduler, meter, strategy=None, model_path=None)
+    rewards = Scorers(ScorerDispatcher(scorers, scheduler, meter, strategy=None, model_path=None),
+                      ScorerDispatcher([], scheduler, meter, strategy=None, model_path=None, name=REFERENCE))
     loader = PromptLoader([(None, [f"prompt {i}"], [f"label {i}"], [None]) for i in range(w.prompts)])
     gen = OppoSamplesGenerator(SimpleNamespace(args=generator_args(w)), loader, None,
                                PromptTokenizer(w.prompt_tokens), engines, oppo=oppo, scheduler=scheduler,
-                               engines=pool, rewards=rewards, meter=meter)
+                               engines=pool, scorers=rewards, meter=meter)
     return gen, pool, meter
 
 

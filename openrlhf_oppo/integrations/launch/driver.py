@@ -40,6 +40,11 @@ STREAMING_REWARD_INCOMPATIBLE = {
     "--reward.offload": "the streaming reward actors keep the reward model and its KV caches on the device",
     "--ds.load_in_4bit": "the streaming reward actors load the reward model in --ds.param_dtype, not 4-bit",
 }
+# refused only when OPPO streams into the reference (its actors hold the whole reference on the device)
+STREAMING_REFERENCE_INCOMPATIBLE = {
+    "--ref.offload": "the streaming reference actors keep the reference and its KV caches on the device",
+    "--ds.load_in_4bit": "the streaming reference actors load the reference in --ds.param_dtype, not 4-bit",
+}
 
 
 def streams_rewards(argv: list[str], cfg: oppo_config.OppoConfig) -> bool:
@@ -61,12 +66,21 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     for flag, why in INCOMPATIBLE_FLAGS.items():
         if _given(flag, argv):
             raise ValueError(f"{flag} cannot be combined with OPPO ({PROG}): {why}")
-    for name in ("reference", "critic"):
-        if getattr(cfg.streaming, name):
-            raise ValueError(
-                f"--oppo.streaming.{name}: this version streams into the reward model only "
-                f"(OpenRLHF computes {name} outputs one-shot); leave it false"
-            )
+    if cfg.streaming.critic:
+        raise ValueError("--oppo.streaming.critic: this version streams into the reward model and the reference "
+                         "only (OpenRLHF computes values one-shot); leave it false")
+    if cfg.streaming.reference_actors:
+        raise ValueError("--oppo.streaming.reference_actors: a simulator setting (openrlhf-oppo simulate); in a run, "
+                         "--oppo.streaming.reference true streams into OpenRLHF's reference group, placed as "
+                         "OpenRLHF places it")
+    if "reference" in cfg.streaming.scorers():
+        kl = _value("--algo.kl.init_coef", argv)
+        if kl is not None and float(kl) <= 0:
+            raise ValueError(f"--oppo.streaming.reference true needs --algo.kl.init_coef > 0 (got {kl}): "
+                             f"OpenRLHF builds its reference group only then")
+        for flag, why in STREAMING_REFERENCE_INCOMPATIBLE.items():
+            if _given(flag, argv):
+                raise ValueError(f"{flag} cannot be combined with --oppo.streaming.reference true: {why}")
     if _given("--vllm.enable_prefix_caching", argv) and cfg.staleness.keep_kv_cache:
         raise ValueError(
             "--vllm.enable_prefix_caching cannot be combined with --oppo.staleness.keep_kv_cache true: "
@@ -221,6 +235,6 @@ def run_openrlhf(cfg: oppo_config.OppoConfig, rest: list[str]) -> None:
     if not ray.is_initialized():
         # the trainer actor reads the OPPO config from these env vars
         ray.init(runtime_env={"env_vars": driver_env_vars(os.environ)})
-    patch_driver(streams_rewards(rest, cfg))
+    patch_driver(streams_rewards(rest, cfg), "reference" in cfg.streaming.scorers())
     sys.argv = [OPENRLHF_MODULE, *rest]
     runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)

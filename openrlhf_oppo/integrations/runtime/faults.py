@@ -1,8 +1,8 @@
 """Crash injection for the reliability tests: ``OPPO_FAULTS="reward@1,rollout@2,driver@3,abort@1"``
 kills the streaming reward actor during step 1 and the rollout engine during step 2
-(each after a seeded number of calls), and the trainer (the driver of the PPO loop)
-right after step 3's checkpoint is written; ``abort@1`` has an engine abort one of its
-requests during step 1 (as vLLM aborts a request). Each fault fires once per run directory,
+(each after a seeded number of calls; ``reference@N``: a streaming reference actor), and the
+trainer (the driver of the PPO loop) right after step 3's checkpoint is written; ``abort@1`` has
+an engine abort one of its requests during step 1 (as vLLM aborts a request). Each fault fires once per run directory,
 restarts included (recorded next to the ledger). Unset, nothing happens; the kills are
 real (`ray.kill`, SIGKILL), the recoveries too."""
 
@@ -17,7 +17,7 @@ from openrlhf_oppo.integrations.runtime.log import get_logger
 
 logger = get_logger(__name__)
 
-KINDS = ("reward", "rollout", "driver", "abort")
+KINDS = ("reward", "reference", "rollout", "driver", "abort")
 
 
 def planned(kind: str) -> set[int]:

@@ -6,11 +6,11 @@ executes the plans of the scheduler core (`OverlapScheduler`), which makes every
 decision:
 
     admit     begin_step -> tokenize the new prompts, start them on the engines,
-              open them on the streaming reward actors
-    stream    engines' deltas -> on_tokens -> chunks -> reward actors (fire and forget)
-              reward actors' acks -> on_scored_many; finished -> last chunk -> score
-    batch     take_batch: the first B complete groups -> OpenRLHF Experiences with
-              the streamed rewards (so OpenRLHF skips its own reward forward)
+              open them on the streaming reward (and reference) actors
+    stream    engines' deltas -> on_tokens -> chunks -> scorer actors (fire and forget)
+              their acks -> on_scored_many; finished -> last chunk -> score
+    batch     take_batch: the first B complete groups -> OpenRLHF Experiences with the streamed
+              rewards (OpenRLHF skips its reward forward) and reference log-probs (`reference`)
     early     with --oppo.staleness.max_policy_lag N >= 1 (async admission): end_step and the
               next begin_step run as the batch is taken, so the next step's groups decode
               while the trainer trains (the scheduler forces a group into a batch before any
@@ -25,11 +25,11 @@ decision:
               their tokens (prompt + partial response re-prefilled, `oppo/reprefilled_tokens`)
 
 The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators:
-the `EnginePool` (placement, starts, polls, aborts), the `RewardDispatcher` (chunks to the
-reward actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics);
-`openrlhf_executor` holds what mirrors OpenRLHF's executor. Per-token policy versions (and
-rollout logprobs, when an importance-sampling correction uses them) are recorded; OpenRLHF
-recomputes old logprobs, reference logprobs and values on the full sequences at training time.
+the `EnginePool` (placement, starts, polls, aborts), the `Scorers` (chunks to the scorer
+actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics); `openrlhf_executor`
+holds what mirrors OpenRLHF's executor. Per-token policy versions (and rollout logprobs, when an
+importance-sampling correction uses them) are recorded; OpenRLHF computes old logprobs, values
+(and reference logprobs, unless streamed) on the full sequences at training time.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
 from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
-from openrlhf_oppo.integrations.runtime import openrlhf_executor, timeline_hooks
+from openrlhf_oppo.integrations.runtime import openrlhf_executor, reference, timeline_hooks
 from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.prompt_stream import GroupPrompts, PromptStream
-from openrlhf_oppo.integrations.runtime.reward_dispatch import RewardDispatcher
+from openrlhf_oppo.integrations.runtime.reward_dispatch import Scorers
 from openrlhf_oppo.integrations.runtime.run_config import engine_text_needed, reward_mode
 from openrlhf_oppo.integrations.runtime.seeding import request_seed, write_rollouts
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
@@ -62,21 +62,19 @@ NO_CHUNKS = 1 << 30  # wake threshold when nothing is streamed: only finished sa
 class OppoSamplesGenerator(SamplesGenerator):
     def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, *,
                  oppo: oppo_config.OppoConfig, scheduler: OverlapScheduler, engines: EnginePool,
-                 rewards: RewardDispatcher, meter: StepMeter):
-        """`engines` decode `vllm_engines`; `rewards` streams into OpenRLHF's reward group when
-        OPPO streams rewards (see `run_config.reward_mode`); `meter` is the one `rewards` feeds."""
+                 scorers: Scorers, meter: StepMeter):
+        """`engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward and reference groups
+        when OPPO streams them (`run_config`); `meter` is the one `scorers` feed."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         self.oppo = oppo
         self.reward_mode = reward_mode(self.args, oppo)
-        # "stream": OPPO's reward actors prefill chunks and supply the rewards.
-        # "rule": the engines score each sample with --reward.remote_url the moment it finishes.
-        # "batch" (oppo-inter): OpenRLHF's own reward forward scores the batch.
-        self.streaming = self.reward_mode == "stream"
+        # "stream": OPPO's reward actors prefill chunks and supply the rewards; "rule": the engines score each
+        # sample with --reward.remote_url the moment it finishes; "batch": OpenRLHF's reward forward.
         self.record_logprobs = self.args.algo.advantage.is_correction_level != "off"  # recorded only when used
         self.detokenize = engine_text_needed(self.args)  # vLLM's text: read by an agent only
         self.scheduler = scheduler
         self.engines = engines
-        self.rewards = rewards
+        self.scorers = scorers
         self.meter = meter
         if self.reward_mode == "rule":
             self.engines.set_reward_tokenizer(tokenizer)
@@ -97,8 +95,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
         # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training
         # (None before the first: they wait); and when the open step's groups were admitted
-        self.last_mean_reward: float | None = None
-        self.admitted_s = 0.0
+        self.last_mean_reward, self.admitted_s = None, 0.0
+        self.reference_logprobs: dict[tuple[int, ...], torch.Tensor] = {}  # the open batch's, by tokens
 
     # ------------------------------------------------------------------ a step
 
@@ -114,7 +112,7 @@ class OppoSamplesGenerator(SamplesGenerator):
     def _generate_step(self, generate_kwargs):
         self.meter.start_step()
         self.engines.begin_step(self.step)
-        self.rewards.begin_step(self.step)
+        self.scorers.begin_step(self.step)
         if self.sleep_mode:  # asleep since the engines started or the last batch (or an evaluation)
             self.engines.wake()
         if not self.ledger.started:  # after any checkpoint load: the run (re)starts here
@@ -135,7 +133,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         else:
             plan, boundary = self._begin(self.step, generate_kwargs)
             admitted = len(plan.admit)
-        batch, generated = self._stream_until_batch(plan.chunk_size_tokens if self.streaming else NO_CHUNKS)
+        batch, generated = self._stream_until_batch(plan.chunk_size_tokens if self.scorers.streaming else NO_CHUNKS)
         if self.sleep_mode:  # the models train on the engines' GPUs next
             generated += self._park()
             self.engines.sleep()
@@ -164,7 +162,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         plan = self.scheduler.begin_step(step, admit_until=boundary)
         self.admitted_s = self.meter.clock()
         self._admit(plan, generate_kwargs, step)
-        self.rewards.dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
+        self.scorers.dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
         return plan, boundary
 
     def finish_step(self, mean_reward: float) -> dict[str, float]:
@@ -172,7 +170,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         batch, self.open_batch, self.batch_order = self.open_batch, None, None
         report, self.report = self.report or self._adapt(mean_reward), None
         self.last_mean_reward = mean_reward
-        metrics = self.meter.metrics(report, self.step, self.rewards.restarts_this_step,
+        metrics = self.meter.metrics(report, self.step, self.scorers.restarts_this_step,
                                      self.engines.aborted_this_step)
         self._finalize(batch, report)
         self.step += 1
@@ -198,7 +196,7 @@ class OppoSamplesGenerator(SamplesGenerator):
                 opens[sid] = ids
                 starts.append((gid, self.prompts.request(gid, sid, [], self._seed(step, slot, prompt, j))))
         if self.needs_restart or self.parked:
-            # after a checkpoint load engines and reward actors hold nothing: reopen every held
+            # after a checkpoint load engines and scorer actors hold nothing: reopen every held
             # sample (`plan.restream` re-sends its tokens); after a sleep only the engines lost
             # them. Either way the unfinished ones decode on after the tokens they had.
             reopen, self.needs_restart, self.parked = self.needs_restart, False, False
@@ -213,31 +211,30 @@ class OppoSamplesGenerator(SamplesGenerator):
                         held = self.scheduler.held_tokens(sid)
                         starts.append((gid, self.prompts.request(gid, sid, held, self._seed(step, slot, prompt, j))))
                         self.meter.reprefilled_tokens += len(ids) + len(held)
-        self.rewards.open(opens)
+        self.scorers.open(opens)
         self.engines.start(starts, self.sampling_params)
-        self.rewards.confirm_opened()
+        self.scorers.confirm_opened()
 
     def _seed(self, step: int, slot: int, prompt: str, sample_index: int) -> int | None:
         """vLLM seed of a request started now (`--train.full_determinism_enable`), as
         OpenRLHF's schedules seed theirs (integrations.runtime.seeding); None: engine RNG."""
-        if not self.args.train.full_determinism_enable:
-            return None
-        return request_seed(self.args.train.seed, step, slot, prompt, sample_index)
+        full = self.args.train.full_determinism_enable
+        return request_seed(self.args.train.seed, step, slot, prompt, sample_index) if full else None
 
     # ------------------------------------------------------------------ generate + stream
 
     def _stream_until_batch(self, wake_tokens: int) -> tuple[TrainBatch, int]:
-        """Feed the engines' deltas to the scheduler and its chunks to the reward actors until
+        """Feed the engines' deltas to the scheduler and its chunks to the scorer actors until
         it has a batch; returns it with the tokens decoded meanwhile."""
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
-            deltas = self.engines.poll(wake_tokens, also=self.rewards.in_flight())
+            deltas = self.engines.poll(wake_tokens, also=self.scorers.in_flight())
             generated += sum(len(d.token_ids) for d in deltas)
             aborted = [d for d in deltas if d.finish_reason == "abort"]
-            self.rewards.dispatch(self._feed(deltas))
+            self.scorers.dispatch(self._feed(deltas))
             self._restart_aborted(aborted)
-            self.rewards.collect()
+            self.scorers.collect()
             batch = self.scheduler.take_batch()
         return batch, generated
 
@@ -296,7 +293,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         while decoding:  # every request's last delta is in its engine's outbox
             deltas = self.engines.poll(1)
             generated += sum(len(d.token_ids) for d in deltas)
-            self.rewards.dispatch(self._feed(deltas))
+            self.scorers.dispatch(self._feed(deltas))
             decoding -= {d.sample_id for d in deltas if d.finish_reason is not None}
         return generated
 
@@ -306,6 +303,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         # groups in stream order, not completion order: training sees a reproducible order
         groups = sorted(batch.groups, key=lambda g: g.prompt_index)
         self.batch_order = [s.sample_id for g in groups for s in g.samples]
+        self.reference_logprobs.clear()
         experiences = [self._experience(g, s, generate_kwargs) for g in groups for s in g.samples]
         rollouts = run_env.path(run_env.ROLLOUTS_JSONL)
         if rollouts:
@@ -316,18 +314,20 @@ class OppoSamplesGenerator(SamplesGenerator):
         prompt, label, prompt_ids = self.prompts.by_group[group.group_id]
         sid = sample.sample_id
         # None: OpenRLHF's reward forward scores the batch
-        scored = {"stream": lambda: {"reward": self.rewards.scores[sid]},
+        scored = {"stream": lambda: {"reward": self.scorers.reward.scores[sid]},
                   "rule": lambda: self.rule_rewards[sid], "batch": dict}[self.reward_mode]()
         reward = scored.get("reward")
         if reward is not None and not math.isfinite(reward):
             raise ValueError(f"OPPO step {self.step}: the reward of sample {sid} (group {group.group_id}, "
                              f"{len(sample.token_ids)} response tokens) is {reward}; refusing to train on it")
         response = openrlhf_executor.response(prompt, label, prompt_ids, sample, scored, self.record_logprobs)
-        return self._process_response_into_experience(response, **generate_kwargs)
+        exp = self._process_response_into_experience(response, **generate_kwargs)
+        if self.scorers.reference.actors:  # read by `reference.streamed_reference_forward`
+            reference.keep(self.reference_logprobs, exp, self.scorers.reference.scores[sid])
+        return exp
 
     @property
-    def batch_sample_ids(self) -> list[int] | None:
-        """The open batch's sample ids in the order its experiences were handed to OpenRLHF."""
+    def batch_sample_ids(self) -> list[int] | None:  # the open batch's, in the order handed to OpenRLHF
         return self.batch_order
 
     # ------------------------------------------------------------------ adapt, finalize
@@ -348,7 +348,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         """Record the step (trace, ledger) and drop what the trained groups held."""
         if self.trace_path:
             rewards = ({sid: r["reward"] for sid, r in self.rule_rewards.items()} if self.reward_mode == "rule"
-                       else self.rewards.scores)
+                       else self.scorers.reward.scores)
             write_trace(self.trace_path, self.scheduler, batch, report, self.prompts.by_group, rewards)
         # held: in flight now (async admission: with the next step's groups, admitted at the batch)
         self.ledger.event("step", step=report.step, admitted=self.step_admitted,
@@ -359,7 +359,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             del self.prompts.by_group[g.group_id]
             sample_ids = [s.sample_id for s in g.samples]
             self.engines.release(g.group_id, sample_ids)
-            self.rewards.forget(sample_ids)
+            self.scorers.forget(sample_ids)
             self.meter.forget(sample_ids)
             for sid in sample_ids:
                 self.rule_rewards.pop(sid, None)
@@ -395,5 +395,5 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step = state["step"]
         self.last_mean_reward = state.get("last_mean_reward")  # absent before async admission
         self.prompts.by_group = {int(gid): (p, lb, ids) for gid, (p, lb, ids) in state["prompts"].items()}
-        self.rewards.forget_all()  # reward actors restart empty: every held sample is re-scored
+        self.scorers.forget_all()  # scorer actors restart empty: every held sample is re-scored
         self.needs_restart, self.parked = True, False  # OpenRLHF restores the dataloader at scheduler.next_prompt_index

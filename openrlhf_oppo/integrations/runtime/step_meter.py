@@ -1,5 +1,5 @@
-"""Per-step measurements of an OPPO step: timings, tokens, the reward actors' busy time
-and KV use, and how much of the reward prefill overlapped decoding (`oppo/*` metrics)."""
+"""Per-step measurements of an OPPO step: timings, tokens, the streaming reward (and reference)
+actors' busy time and KV use, and how much of their prefill overlapped decoding (`oppo/*` metrics)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ class StepMeter:
     """Fed by the generator (step boundaries, finished samples) and by the reward
     dispatcher (every acknowledged reward call); read once per step by `metrics`."""
 
-    def __init__(self, scorers: int, clock: Callable[[], float] = time.time, show_progress: bool = True) -> None:
-        """`scorers`: streaming reward actors (0: rewards are not streamed)."""
+    def __init__(self, scorers: int, clock: Callable[[], float] = time.time, show_progress: bool = True,
+                 name: str = "scorer") -> None:
+        """`scorers`: streaming reward actors (0: rewards are not streamed); `name`: the prefix of
+        their metrics (`oppo/scorer_*`, and `oppo/overlap_fraction`)."""
         self.scorers = scorers
+        self.name = name
+        self.others: list[StepMeter] = []  # meters of other streamed scorers, one step's phases with this
         self.clock = clock
         self.started_s = 0.0  # clock() at the open step's start
         self.gen_s = 0.0  # generation+scoring phase of the open step
@@ -41,10 +45,19 @@ class StepMeter:
 
     # ------------------------------------------------------------------ fed during a step
 
+    def add_scorer(self, name: str, scorers: int) -> StepMeter:
+        """A meter for another streamed scorer's `scorers` actors, read with this one's step
+        (`oppo/{name}_*` metrics, `oppo/{name}_overlap_fraction`)."""
+        other = StepMeter(scorers, self.clock, show_progress=False, name=name)
+        self.others.append(other)
+        return other
+
     def start_step(self) -> None:
         self.started_s = self.clock()
         self.overlap_tokens = [0, 0]
         self.reprefilled_tokens = 0
+        for other in self.others:
+            other.overlap_tokens = [0, 0]
 
     def end_generation(self, generated_tokens: int) -> None:
         self.gen_s = self.clock() - self.started_s
@@ -55,13 +68,15 @@ class StepMeter:
         self.finished_s[sample_id] = time_s
         for end_s, n in self.prefilled_early.pop(sample_id, ()):
             self.overlap_tokens[0 if end_s <= time_s else 1] += n
+        for other in self.others:
+            other.on_finished(sample_id, time_s)
 
     def on_final_tokens(self, tokens: int) -> None:
         """Tokens sent with their sample's final chunk: prefilled with it, not overlapped."""
         self.overlap_tokens[1] += tokens
 
-    def on_reward_reply(self, actor: int, reply, ahead: dict[int, int]) -> None:
-        """An acknowledged reward call (`scorer.ScoreReply`); `ahead`: sample id -> tokens it
+    def on_reply(self, actor: int, reply, ahead: dict[int, int]) -> None:
+        """An acknowledged scorer call (`scorer.ScoreReply`); `ahead`: sample id -> tokens it
         prefilled ahead of the sample's final chunk."""
         self.scorer_busy.append((reply.start_s, reply.end_s))
         step_max, _ = self.scorer_kv_tokens.get(actor, (0, 0))
@@ -83,7 +98,7 @@ class StepMeter:
 
     def metrics(self, report: StepReport, policy_version: int, scorer_restarts: int,
                 aborted_requests: int) -> dict[str, float]:
-        """The step's `oppo/*` metrics; rolls the per-step reward-actor figures over."""
+        """The step's `oppo/*` metrics; rolls the per-step scorer-actor figures over."""
         before, at_end = self.overlap_tokens
         metrics = {
             **report.metrics(),
@@ -95,26 +110,30 @@ class StepMeter:
             "oppo/reprefilled_tokens": float(self.reprefilled_tokens),
         }
         if self.scorers:
-            metrics.update(self._scorer_metrics())
+            metrics.update(self._scorer_metrics(self.started_s, self.gen_s))
+        for other in self.others:
+            before, at_end = other.overlap_tokens
+            metrics[f"oppo/{other.name}_overlap_fraction"] = before / max(before + at_end, 1)
+            metrics.update(other._scorer_metrics(self.started_s, self.gen_s))
         return metrics
 
-    def _scorer_metrics(self) -> dict[str, float]:
-        # reward calls acknowledged by now; busy time summed over actors, clipped to the phase
-        start, end = self.started_s, self.started_s + self.gen_s
+    def _scorer_metrics(self, start: float, gen_s: float) -> dict[str, float]:
+        # calls acknowledged by now; busy time summed over actors, clipped to the phase
+        end, p = start + gen_s, f"oppo/{self.name}_"
         busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.scorer_busy)
-        out = {"oppo/scorer_idle_fraction": 1.0 - min(1.0, busy / max(self.gen_s * self.scorers, 1e-9))}
+        out = {p + "idle_fraction": 1.0 - min(1.0, busy / max(gen_s * self.scorers, 1e-9))}
         self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
         # KV tokens held: each actor's most after a call this step, summed; an actor without a
         # reply this step still holds what it held after its latest call
-        out["oppo/scorer_kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
-        out["oppo/scorer_kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
+        out[p + "kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
+        out[p + "kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
         self.scorer_kv_tokens = {idx: (last, last) for idx, (_, last) in self.scorer_kv_tokens.items()}
         # eviction thrash shows here: re-prefilled tokens near the prefilled ones mean the budget
         # holds fewer tokens than the sequences in flight (chunks arrive round-robin: LRU's worst case)
         evictions, reprefilled, oom_retries = self.scorer_step_counts
-        out["oppo/scorer_evictions"] = float(evictions)
-        out["oppo/scorer_reprefilled_tokens"] = float(reprefilled)
-        out["oppo/scorer_oom_retries"] = float(oom_retries)
+        out[p + "evictions"] = float(evictions)
+        out[p + "reprefilled_tokens"] = float(reprefilled)
+        out[p + "oom_retries"] = float(oom_retries)
         self.scorer_step_counts = [0, 0, 0]
         return out
 
@@ -122,6 +141,8 @@ class StepMeter:
         """Trained samples: nothing of them is measured again."""
         for sid in sample_ids:
             self.finished_s.pop(sid, None)
+        for other in self.others:
+            other.forget(sample_ids)
 
     def show(self, report: StepReport, mean_reward: float, response_tokens: list[int]) -> None:
         """One progress line: the trained batch's mean reward and response length, Δ, C, the

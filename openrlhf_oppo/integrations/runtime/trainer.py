@@ -21,6 +21,10 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
 3. When OPPO streams rewards: `openrlhf.trainer.ray.launcher.RewardModelActor` ->
    `StreamingRewardModelRayActor`, so OpenRLHF's own reward group (its placement,
    colocated or not, and its model flags) is made of streaming reward actors.
+4. When OPPO streams the reference (`--oppo.streaming.reference`):
+   `openrlhf.trainer.ray.launcher.ReferenceModelActor` -> `StreamingReferenceModelRayActor`
+   likewise, and the trainer's experience maker takes the streamed log-probs in place of
+   the reference group's forward (`reference.streamed_reference_forward`).
 
 (Ray copies an actor class's methods when it wraps it, so patching
 `BasePPOTrainer` in place would not reach the running trainer; a subclass does.)
@@ -44,10 +48,11 @@ from openrlhf_oppo.integrations.runtime import faults, guards
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
-from openrlhf_oppo.integrations.runtime.reward_dispatch import REWARD, RewardDispatcher
+from openrlhf_oppo.integrations.runtime.reference import streamed_reference_forward
+from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
 from openrlhf_oppo.integrations.runtime.run_config import config_from_env, reward_mode
-from openrlhf_oppo.integrations.runtime.scorer import StreamingRewardModelRayActor
+from openrlhf_oppo.integrations.runtime.scorer import StreamingReferenceModelRayActor, StreamingRewardModelRayActor
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
@@ -58,16 +63,22 @@ class StopRequested(RuntimeError):
     """The launcher was asked to stop (SIGTERM/SIGINT): the step ended and a checkpoint was written."""
 
 
-def build_samples_generator(base, reward_group) -> OppoSamplesGenerator:
+def _streamed_group(group, streamed: bool, what: str) -> list:
+    """The actors of one of OpenRLHF's groups that OPPO streams into (none when not streamed)."""
+    actors = list(group._actor_handlers) if streamed and group is not None else []
+    if streamed and not actors:
+        raise RuntimeError(f"OPPO streams the {what} but OpenRLHF built no {what} group (see trainer.patch_driver)")
+    return actors
+
+
+def build_samples_generator(base, reward_group, reference_group=None) -> OppoSamplesGenerator:
     """OPPO's generator in place of OpenRLHF's `base` (which only holds references, nothing
-    started), with its collaborators. `reward_group`: OpenRLHF's reward group, made of
-    `StreamingRewardModelActor`s when OPPO streams rewards (`patch_driver`)."""
+    started), with its collaborators. `reward_group` / `reference_group`: OpenRLHF's groups, made
+    of OPPO's streaming actors when OPPO streams into them (`patch_driver`)."""
     args, oppo = base.strategy.args, config_from_env()
-    streaming = reward_mode(args, oppo) == "stream"
-    # a reward actor that dies is restarted by Ray; its held samples are re-prefilled (`RewardDispatcher`)
-    actors = list(reward_group._actor_handlers) if streaming and reward_group is not None else []
-    if streaming and not actors:
-        raise RuntimeError("OPPO streams rewards but OpenRLHF built no reward group (see oppo_trainer.patch_driver)")
+    # an actor that dies is restarted by Ray; its held samples are re-prefilled (`ScorerDispatcher`)
+    actors = _streamed_group(reward_group, reward_mode(args, oppo) == "stream", "reward")
+    ref_actors = _streamed_group(reference_group, "reference" in oppo.streaming.scorers(), "reference")
     lag = oppo.staleness.max_policy_lag
     if lag and args.train.colocate_all:
         log.warning("OPPO: --oppo.staleness.max_policy_lag %d with --train.colocate_all: the vLLM engines share the "
@@ -78,12 +89,15 @@ def build_samples_generator(base, reward_group) -> OppoSamplesGenerator:
         oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, keep_kv_cache=False))
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
                                  samples_per_group=args.rollout.n_samples_per_prompt,
-                                 scorers=(REWARD,) if streaming else ())
+                                 scorers=(REWARD,) * bool(actors) + (REFERENCE,) * bool(ref_actors))
     meter = StepMeter(scorers=len(actors))
+    reference = ScorerDispatcher(ref_actors, scheduler, meter.add_scorer("reference_scorer", len(ref_actors)),
+                                 base.strategy, args.actor.model_name_or_path, name=REFERENCE)
     return OppoSamplesGenerator(
         base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines,
         oppo=oppo, scheduler=scheduler, engines=EnginePool(base.vllm_engines), meter=meter,
-        rewards=RewardDispatcher(actors, scheduler, meter, base.strategy, args.reward.model_name_or_path),
+        scorers=Scorers(ScorerDispatcher(actors, scheduler, meter, base.strategy, args.reward.model_name_or_path),
+                        reference),
     )
 
 
@@ -93,7 +107,10 @@ _BASE = unwrap_ray_actor(_ppo_trainer.PPOTrainer)
 class OppoPPOTrainerImpl(_BASE):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group)
+        self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group,
+                                                         self.initial_model_group)
+        if self.samples_generator.scorers.reference.actors:
+            streamed_reference_forward(self.experience_maker, self.samples_generator.reference_logprobs)
         make_experience_batch = self.experience_maker.make_experience_batch
 
         def checked_experience_batch(rollout_samples):
@@ -162,9 +179,11 @@ class OppoPPOTrainerImpl(_BASE):
 OppoPPOTrainer = ray.remote(OppoPPOTrainerImpl)
 
 
-def patch_driver(stream_rewards: bool) -> None:
+def patch_driver(stream_rewards: bool, stream_reference: bool = False) -> None:
     """Swap the names in the driver, before `train_ppo_ray.train` runs (and imports them)."""
     _ppo_trainer.PPOTrainer = OppoPPOTrainer
     _vllm_engine.RolloutRayActor = OppoRolloutRayActor
     if stream_rewards:
         _launcher.RewardModelActor = StreamingRewardModelRayActor
+    if stream_reference:
+        _launcher.ReferenceModelActor = StreamingReferenceModelRayActor

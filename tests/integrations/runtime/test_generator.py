@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
-from openrlhf_oppo.integrations.runtime.reward_dispatch import REWARD
+from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
 
 B, N, DELTA = 2, 2, 1
@@ -93,6 +93,7 @@ class FakeRewards:
 
     def __init__(self, scheduler: OverlapScheduler) -> None:
         self.scheduler = scheduler
+        self.actors = ["a streaming reward actor"]
         self.scores: dict[int, float] = {}
         self.opened: dict[int, list[int]] = {}
         self.dispatched: list = []
@@ -149,10 +150,11 @@ def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag
                                  scorers=(REWARD,))
     # OpenRLHF's prompt dataloader: (indices, prompts, labels, images) batches of one
     loader = Loader([(None, [p], [f"label {p}"], [None]) for p in prompts], per_pass)
+    meter = StepMeter(0, show_progress=False)
     return OppoSamplesGenerator(
         SimpleNamespace(args=args), loader, None, Tokenizer(), [], oppo=scheduler.config, scheduler=scheduler,
-        engines=FakePool(group1_is_slow, fakes.make_delta), rewards=FakeRewards(scheduler),
-        meter=StepMeter(0, show_progress=False),
+        engines=FakePool(group1_is_slow, fakes.make_delta), meter=meter,
+        scorers=Scorers(FakeRewards(scheduler), ScorerDispatcher([], scheduler, meter, None, None, name=REFERENCE)),
     )
 
 
@@ -194,7 +196,8 @@ def test_the_first_b_complete_groups_are_trained_in_prompt_order_and_the_slow_on
     assert gen.scheduler.in_flight_groups == (1,) and gen.scheduler.held_tokens(2) == [20, 21]
     assert gen.engines.paused is False and gen.engines.version == 1  # paused for the sync: group 1 decodes
     assert step.metrics["oppo/policy_version"] == 0.0 and step.metrics["oppo/generated_tokens"] == 12.0
-    assert set(gen.prompts.by_group) == {1} and set(gen.rewards.opened) == {2, 3}  # the trained groups are dropped
+    # the trained groups are dropped
+    assert set(gen.prompts.by_group) == {1} and set(gen.scorers.reward.opened) == {2, 3}
 
 
 def test_carried_sample_keeps_its_tokens_and_later_tokens_carry_the_new_policy_version(fakes):
@@ -219,8 +222,8 @@ def test_a_resumed_run_restarts_carried_samples_from_their_recorded_tokens(fakes
     resumed.resume_after_weight_sync()  # the checkpoint's weights: policy version 1
     step = run_step(resumed)
     assert (2, [20, 21]) in resumed.engines.started and (3, [30, 31]) in resumed.engines.started
-    assert set(resumed.rewards.open_calls[0]) == {2, 3, 6, 7, 8, 9}  # reopened on the fresh reward actors
-    restream = [ch for ch in resumed.rewards.dispatched if ch.sample_id in (2, 3)][:2]
+    assert set(resumed.scorers.reward.open_calls[0]) == {2, 3, 6, 7, 8, 9}  # reopened on the fresh reward actors
+    restream = [ch for ch in resumed.scorers.reward.dispatched if ch.sample_id in (2, 3)][:2]
     assert [(ch.sample_id, ch.start, ch.end) for ch in restream] == [(2, 0, 2), (3, 0, 2)]  # held tokens re-scored
     assert step.order == [2, 3, 6, 7] and response_tokens(step.experiences[0]) == [20, 21, 22]
 

@@ -69,24 +69,42 @@ def test_generator_contract():
         assert f'"{key}"' in src
 
 
-@pytest.mark.parametrize("stream_rewards", [True, False])
-def test_patch_driver_swaps_the_classes(stream_rewards):
+@pytest.mark.parametrize("stream_rewards,stream_reference", [(True, True), (True, False), (False, False)])
+def test_patch_driver_swaps_the_classes(stream_rewards, stream_reference):
     from openrlhf.trainer.ray import launcher
 
     from openrlhf_oppo.integrations.runtime import trainer as oppo_trainer
 
-    saved = ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor
+    saved = (ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor,
+             launcher.ReferenceModelActor)
     try:
-        oppo_trainer.patch_driver(stream_rewards)
+        oppo_trainer.patch_driver(stream_rewards, stream_reference)
         assert ppo_trainer.PPOTrainer is oppo_trainer.OppoPPOTrainer
         assert vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__mro__[1].__name__ == "OppoRolloutActor"
         reward = launcher.RewardModelActor.__ray_metadata__.modified_class
         assert reward.__name__ == ("StreamingRewardModelActor" if stream_rewards else "RewardModelActor")
+        ref = launcher.ReferenceModelActor.__ray_metadata__.modified_class
+        assert ref.__name__ == ("StreamingReferenceModelActor" if stream_reference else "ReferenceModelActor")
         impl = oppo_trainer.OppoPPOTrainerImpl
         for name in ("train_step", "broadcast_to_vllm", "save_logs_and_checkpoints", "restore_best_checkpoint_state"):
             assert name in vars(impl)  # overridden in the subclass, not patched in place
     finally:
-        ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor = saved
+        (ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor,
+         launcher.ReferenceModelActor) = saved
+
+
+def test_make_experience_takes_the_reference_from_dispatch_forward_and_flattens_it_by_duplicate_factor():
+    """What `reference.streamed_reference_forward` relies on: the reference log-probs come from one
+    `_dispatch_forward(self.initial_model_group, ...)` call with the padded micro-batches as
+    keyword lists, through `_flatten_results(..., duplicate_factor)`."""
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+    src = inspect.getsource(RemoteExperienceMaker.make_experience)
+    assert "self._dispatch_forward(\n                self.initial_model_group," in src
+    assert "sequences=sequences_list, action_mask=action_mask_list, attention_mask=attention_mask_list" in src
+    assert "self._flatten_results(base_action_log_probs_ref, duplicate_factor)" in src
+    assert "duplicate_factor = args.ds.ring_attn_size * args.ds.tensor_parallel_size" in src
+    assert "ray.get(refs)[::duplicate_factor]" in inspect.getsource(RemoteExperienceMaker._flatten_results)
 
 
 def test_openrlhfs_reward_group_is_built_from_the_launcher_module_name_and_placed_by_it():
@@ -194,14 +212,18 @@ def test_openrlhf_gets_the_users_flags_and_the_correction_oppo_maps_to():
         openrlhf_argv(rest, cfg)
 
 
-def test_unwired_reference_and_critic_streaming_are_refused_by_name():
+def test_unwired_critic_streaming_and_the_simulators_reference_actors_are_refused_by_name():
     from openrlhf_oppo.cli.train_ppo_ray import check_flags, parse
 
-    for name in ("reference", "critic"):
-        cfg, rest = parse([f"--oppo.streaming.{name}", "true"])
-        expected = rf"--oppo\.streaming\.{name}: this version streams into the reward model only"
-        with pytest.raises(ValueError, match=expected):
-            check_flags(rest, cfg)
+    cfg, rest = parse(["--oppo.streaming.critic", "true"])
+    with pytest.raises(ValueError, match=r"--oppo\.streaming\.critic: this version streams into the reward model "
+                                         r"and the reference only"):
+        check_flags(rest, cfg)
+    cfg, rest = parse(["--oppo.streaming.reference", "true", "--oppo.streaming.reference_actors", "true"])
+    with pytest.raises(ValueError, match=r"--oppo\.streaming\.reference_actors: a simulator setting"):
+        check_flags(rest, cfg)
+    cfg, rest = parse(["--oppo.streaming.reference", "true"])
+    check_flags(rest, cfg)  # streamed into OpenRLHF's reference group
 
 
 REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
@@ -219,6 +241,12 @@ REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
     (["--eval.dataset", "/e.jsonl"], r"--eval\.dataset needs --reward\.remote_url",
      ["--reward.model_name_or_path", "/rm"]),
     (["--vllm.enable_prefix_caching"], r"--vllm\.enable_prefix_caching cannot be combined", []),
+    (["--algo.kl.init_coef", "0"], r"--oppo\.streaming\.reference true needs --algo\.kl\.init_coef > 0 \(got 0\)",
+     ["--oppo.streaming.reference", "true"]),
+    (["--ref.offload"], r"--ref\.offload cannot be combined with --oppo\.streaming\.reference true",
+     ["--oppo.streaming.reference", "true"]),
+    (["--ds.load_in_4bit"], r"--ds\.load_in_4bit cannot be combined with --oppo\.streaming\.reference true",
+     ["--oppo.streaming.reference", "true", "--oppo.streaming.reward", "false"]),
     (["--rollout.vllm_generate_batch_size", "8"], r"--rollout\.vllm_generate_batch_size cannot be combined", []),
 ]
 
@@ -238,7 +266,8 @@ def test_the_refusal_tables_are_all_tested():
     from openrlhf_oppo.cli import train_ppo_ray
 
     tested = {r[0][0] for r in REFUSALS}
-    assert set(train_ppo_ray.INCOMPATIBLE_FLAGS) | set(train_ppo_ray.STREAMING_REWARD_INCOMPATIBLE) <= tested
+    assert (set(train_ppo_ray.INCOMPATIBLE_FLAGS) | set(train_ppo_ray.STREAMING_REWARD_INCOMPATIBLE)
+            | set(train_ppo_ray.STREAMING_REFERENCE_INCOMPATIBLE)) <= tested
 
 
 def test_what_oppo_accepts_that_it_used_to_refuse():

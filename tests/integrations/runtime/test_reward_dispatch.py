@@ -1,4 +1,4 @@
-"""RewardDispatcher with fake reward actors and the real scheduler: sticky routing,
+"""ScorerDispatcher with fake reward actors and the real scheduler: sticky routing,
 in-order acknowledgements, a dead actor's restart and re-scoring."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from openrlhf_oppo.integrations.runtime.reward_dispatch import RewardDispatcher
+from openrlhf_oppo.integrations.runtime.reward_dispatch import ScorerDispatcher
 from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS
 from openrlhf_oppo.integrations.runtime.scorer import ScoreReply
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
@@ -33,7 +33,7 @@ def make_dispatcher(fakes, actors: int = 2, n: int = 2, dead: bool = False):
     handles = [fakes.make_actor(process=process, open_many=None, init_model_from_pretrained=None)
                for _ in range(actors)]
     meter = StepMeter(scorers=actors, show_progress=False)
-    rewards = RewardDispatcher(handles, sched, meter, "strategy", "/rm", calls=fakes.FakeCalls())
+    rewards = ScorerDispatcher(handles, sched, meter, "strategy", "/rm", calls=fakes.FakeCalls())
     rewards.begin_step(0)
     rewards.open({sid: PROMPT for sid in plan.admit[0].sample_ids})
     rewards.confirm_opened()
@@ -112,7 +112,7 @@ def test_more_than_scorer_restarts_deaths_in_a_step_give_up(fakes):
 
 def test_without_actors_the_dispatcher_does_nothing(fakes):
     sched = fakes.make_scheduler(scorers=())
-    rewards = RewardDispatcher([], sched, StepMeter(scorers=0, show_progress=False), None, None,
+    rewards = ScorerDispatcher([], sched, StepMeter(scorers=0, show_progress=False), None, None,
                                calls=fakes.FakeCalls())
     rewards.open({0: PROMPT})
     rewards.confirm_opened()

@@ -38,10 +38,10 @@ def reply(start_s: float, end_s: float, kv: int = 0) -> ScoreReply:
 
 def test_tokens_prefilled_before_their_sample_finished_count_as_overlapped():
     meter = make_meter()
-    meter.on_reward_reply(0, reply(101.0, 102.0), ahead={7: 8})  # before sample 7 finishes: judged then
+    meter.on_reply(0, reply(101.0, 102.0), ahead={7: 8})  # before sample 7 finishes: judged then
     meter.on_finished(7, time_s=103.0)
     meter.on_finished(9, time_s=103.0)
-    meter.on_reward_reply(1, reply(103.0, 104.0), ahead={9: 4})  # sample 9 finished before this prefill did
+    meter.on_reply(1, reply(103.0, 104.0), ahead={9: 4})  # sample 9 finished before this prefill did
     meter.on_final_tokens(4)  # sent with a final chunk
     assert meter.overlap_tokens == [8, 8]
     assert meter.metrics(report(), 0, 0, 0)["oppo/overlap_fraction"] == pytest.approx(0.5)
@@ -49,8 +49,8 @@ def test_tokens_prefilled_before_their_sample_finished_count_as_overlapped():
 
 def test_scorer_idle_fraction_counts_busy_time_clipped_to_the_generation_phase():
     meter = make_meter(scorers=2, start_s=100.0, gen_s=10.0)
-    meter.on_reward_reply(0, reply(98.0, 103.0), ahead={})  # 3 s inside the phase
-    meter.on_reward_reply(1, reply(108.0, 112.0), ahead={})  # 2 s inside; ends after the phase
+    meter.on_reply(0, reply(98.0, 103.0), ahead={})  # 3 s inside the phase
+    meter.on_reply(1, reply(108.0, 112.0), ahead={})  # 2 s inside; ends after the phase
     metrics = meter.metrics(report(), 0, 0, 0)
     assert metrics["oppo/scorer_idle_fraction"] == pytest.approx(1 - 5 / 20)
     assert meter.scorer_busy == [(108.0, 112.0)]  # only a call outlasting the phase is kept
@@ -58,9 +58,9 @@ def test_scorer_idle_fraction_counts_busy_time_clipped_to_the_generation_phase()
 
 def test_kv_tokens_are_each_actors_most_this_step_then_its_latest():
     meter = make_meter(scorers=2)
-    meter.on_reward_reply(0, reply(101, 102, kv=30), ahead={})
-    meter.on_reward_reply(0, reply(102, 103, kv=10), ahead={})
-    meter.on_reward_reply(1, reply(101, 102, kv=5), ahead={})
+    meter.on_reply(0, reply(101, 102, kv=30), ahead={})
+    meter.on_reply(0, reply(102, 103, kv=10), ahead={})
+    meter.on_reply(1, reply(101, 102, kv=5), ahead={})
     metrics = meter.metrics(report(), 0, 0, 0)
     assert (metrics["oppo/scorer_kv_tokens"], metrics["oppo/scorer_kv_budget_tokens"]) == (35.0, 2000.0)
     # next step, no reply: each actor still holds what it held after its latest call
@@ -70,14 +70,14 @@ def test_kv_tokens_are_each_actors_most_this_step_then_its_latest():
 def test_evictions_and_reprefilled_tokens_are_reported_per_step_across_a_restart():
     meter = make_meter(scorers=2)
     counted = dict(start_s=101, end_s=102, kv_tokens=0, kv_budget_tokens=1000)
-    meter.on_reward_reply(0, ScoreReply({}, **counted, evictions=3, reprefilled_tokens=300), ahead={})
-    meter.on_reward_reply(1, ScoreReply({}, **counted, evictions=1, reprefilled_tokens=50, oom_retries=1), ahead={})
-    meter.on_reward_reply(0, ScoreReply({}, **counted, evictions=5, reprefilled_tokens=420), ahead={})
+    meter.on_reply(0, ScoreReply({}, **counted, evictions=3, reprefilled_tokens=300), ahead={})
+    meter.on_reply(1, ScoreReply({}, **counted, evictions=1, reprefilled_tokens=50, oom_retries=1), ahead={})
+    meter.on_reply(0, ScoreReply({}, **counted, evictions=5, reprefilled_tokens=420), ahead={})
     m = meter.metrics(report(), 0, 0, 0)
     assert (m["oppo/scorer_evictions"], m["oppo/scorer_reprefilled_tokens"], m["oppo/scorer_oom_retries"]) == (
         6.0, 470.0, 1.0)
-    meter.on_reward_reply(0, ScoreReply({}, **counted, evictions=6, reprefilled_tokens=500), ahead={})
-    meter.on_reward_reply(1, ScoreReply({}, **counted, evictions=2, reprefilled_tokens=10), ahead={})  # restarted
+    meter.on_reply(0, ScoreReply({}, **counted, evictions=6, reprefilled_tokens=500), ahead={})
+    meter.on_reply(1, ScoreReply({}, **counted, evictions=2, reprefilled_tokens=10), ahead={})  # restarted
     m = meter.metrics(report(), 1, 0, 0)
     assert (m["oppo/scorer_evictions"], m["oppo/scorer_reprefilled_tokens"], m["oppo/scorer_oom_retries"]) == (
         3.0, 90.0, 0.0)
@@ -98,7 +98,7 @@ def test_metrics_carry_the_schedulers_report_and_the_steps_counts_in_order():
 
 def test_a_new_step_resets_overlap_but_keeps_unjudged_prefills():
     meter = make_meter()
-    meter.on_reward_reply(0, reply(101.0, 102.0), ahead={7: 8})
+    meter.on_reply(0, reply(101.0, 102.0), ahead={7: 8})
     meter.on_final_tokens(3)
     meter.start_step()
     assert meter.overlap_tokens == [0, 0] and meter.prefilled_early == {7: [(102.0, 8)]}
