@@ -7,6 +7,8 @@
                 the extra prompts are generated to completion and queued
     oppo        OPPO: chunks streamed into the reward model while the actor decodes
                 (intra-step) and B+Δ groups admitted, first B trained, rest carried (inter-step)
+    oppo-ref    OPPO with the reference streamed too (--oppo.streaming.reference true): streaming
+                reference actors in OpenRLHF's reference group replace its reference forward
     oppo-async  OPPO with async admission (--oppo.staleness.max_policy_lag 2): the next step's
                 groups are admitted as the trainer takes a batch and decode while it trains
     oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
@@ -65,6 +67,8 @@ SCHEDULES: dict[str, Schedule] = {
             {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
         ),
         Schedule("oppo", "OPPO intra- and inter-step overlap", entry_module=OPPO_ENTRY, oppo={}),
+        Schedule("oppo-ref", "OPPO with the reference streamed too (streaming reference actors replace "
+                 "OpenRLHF's reference forward)", entry_module=OPPO_ENTRY, oppo={"streaming": {"reference": True}}),
         Schedule("oppo-async", "OPPO with async admission (max_policy_lag 2): the next B+Δ decode while "
                  "the trainer trains", entry_module=OPPO_ENTRY, oppo={"staleness": {"max_policy_lag": 2}}),
         Schedule("oppo-eq4", "OPPO with the paper's eq. 4 Δ rule (reward slope)", entry_module=OPPO_ENTRY,

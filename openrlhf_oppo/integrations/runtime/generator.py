@@ -349,7 +349,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         if self.trace_path:
             rewards = ({sid: r["reward"] for sid, r in self.rule_rewards.items()} if self.reward_mode == "rule"
                        else self.scorers.reward.scores)
-            write_trace(self.trace_path, self.scheduler, batch, report, self.prompts.by_group, rewards)
+            write_trace(self.trace_path, self.scheduler, batch, report, self.prompts.by_group, rewards,
+                        self.scorers.reference.scores)
         # held: in flight now (async admission: with the next step's groups, admitted at the batch)
         self.ledger.event("step", step=report.step, admitted=self.step_admitted,
                            trained=[[g.group_id, g.deferrals] for g in batch.groups],

@@ -13,9 +13,13 @@ from openrlhf_oppo.core import OverlapScheduler, TrainBatch, ledger
 
 
 def write_trace(path: str, scheduler: OverlapScheduler, batch: TrainBatch, report,
-                prompts: dict[int, tuple[str, str, list[int]]], scores: dict[int, float]) -> None:
+                prompts: dict[int, tuple[str, str, list[int]]], scores: dict[int, float],
+                reference: dict[int, list[float]] | None = None) -> None:
     """Append step `report.step`: `prompts` is group id -> (prompt, label, prompt ids),
-    `scores` sample id -> streamed or rule-based reward (absent: OpenRLHF's reward forward)."""
+    `scores` sample id -> streamed or rule-based reward (absent: OpenRLHF's reward forward),
+    `reference` sample id -> streamed reference log-probs of its response tokens (absent: not
+    streamed)."""
+    reference = reference or {}
     carried = {}
     for gid in report.carried_groups:
         for sid in scheduler.group_sample_ids(gid):
@@ -37,6 +41,7 @@ def write_trace(path: str, scheduler: OverlapScheduler, batch: TrainBatch, repor
                         "versions": s.token_versions,
                         "finish_reason": s.finish_reason,
                         "reward": scores.get(s.sample_id),
+                        "reference_logprobs": reference.get(s.sample_id),
                     }
                     for s in g.samples
                 ],

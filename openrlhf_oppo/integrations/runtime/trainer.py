@@ -108,7 +108,7 @@ class OppoPPOTrainerImpl(_BASE):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group,
-                                                         self.initial_model_group)
+                                                         self.reference_model_group)
         if self.samples_generator.scorers.reference.actors:
             streamed_reference_forward(self.experience_maker, self.samples_generator.reference_logprobs)
         make_experience_batch = self.experience_maker.make_experience_batch
