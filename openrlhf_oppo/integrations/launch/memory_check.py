@@ -12,6 +12,7 @@ optimizer states and gradients to the host while vLLM generates). Per GPU
     reference, reward (batch) ZeRO-3 inference: 2 B a parameter over their GPUs
     streaming reward actor   the whole reward model (--ds.param_dtype) + its KV budget
                              + the batched forward's 2 x STREAM_MAX_BATCH_TOKENS of KV
+    streaming reference actor likewise, the whole reference (--oppo.streaming.reference)
     ZeRO-3 live parameters (training and its forwards), reserve (CUDA contexts, NCCL, fragmentation)
 
 Activations are left out: this is a lower bound, so whatever it refuses cannot fit.
@@ -84,6 +85,17 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
     def gpus(group: str) -> int:
         return max(1, v[f"{group}.num_nodes"] * v[f"{group}.num_gpus_per_node"])
 
+    def streamed(name: str, model_cfg, params: int, group: str) -> list[tuple[str, float, str]]:
+        dtype_bytes = DTYPE_BYTES.get(v["ds.param_dtype"], 4)
+        per_token = footprint.kv_bytes_per_token(model_cfg, dtype_bytes)
+        here = math.ceil(gpus(group) / gpus("actor"))  # streaming actors of this group on one GPU
+        budget = cfg.streaming.kv_budget_tokens
+        return [(f"streaming {name} weights x {here}", here * dtype_bytes * params, ALWAYS),
+                (f"streaming KV budget x {here} ({name}, --oppo.streaming.kv_budget_tokens {budget})",
+                 here * budget * per_token, ALWAYS),
+                (f"streaming {name} forward x {here}", here * 2 * footprint.STREAM_MAX_BATCH_TOKENS * per_token,
+                 ALWAYS)]
+
     def trained(name: str, params: int, devices: int) -> list[tuple[str, float, str]]:
         if not v.get("ds.enable_sleep"):
             return [(f"{name} ZeRO-3 states", footprint.zero3_bytes(params, True, devices), ALWAYS)]
@@ -100,7 +112,8 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
         actor = footprint.params_of_config(actor_cfg)
         items += trained("actor", actor, gpus("actor"))
         if v["algo.kl.init_coef"] > 0:
-            items.append(("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS))
+            items += (streamed("reference", actor_cfg, actor, "ref") if streams_reference(cfg) else
+                      [("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS)])
     remote = v["reward.remote_url"]
     reward_path = None if remote else (v["reward.model_name_or_path"] or "").split(",")[0] or None
     if v["algo.advantage.estimator"] == "gae":  # OpenRLHF's critic: given, else the reward model, else the actor
@@ -116,15 +129,7 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
     if reward_cfg is not None:
         reward = footprint.params_of_config(reward_cfg, lm_head=False)
         if streams_reward(v, cfg):
-            dtype_bytes = DTYPE_BYTES.get(v["ds.param_dtype"], 4)
-            per_token = footprint.kv_bytes_per_token(reward_cfg, dtype_bytes)
-            here = math.ceil(gpus("reward") / gpus("actor"))  # streaming reward actors on one GPU
-            budget = cfg.streaming.kv_budget_tokens
-            items += [(f"streaming reward weights x {here}", here * dtype_bytes * reward, ALWAYS),
-                      (f"streaming KV budget x {here} (--oppo.streaming.kv_budget_tokens {budget})",
-                       here * budget * per_token, ALWAYS),
-                      (f"streaming forward x {here}", here * 2 * footprint.STREAM_MAX_BATCH_TOKENS * per_token,
-                       ALWAYS)]
+            items += streamed("reward", reward_cfg, reward, "reward")
         else:
             items.append(("reward model", footprint.zero3_bytes(reward, False, gpus("reward")), ALWAYS))
     items += [("ZeRO-3 live parameters", footprint.WEIGHT_BYTES_PER_PARAM * footprint.LIVE_PARAMETERS, TRAIN),
@@ -143,6 +148,10 @@ def streams_reward(v: dict[str, Any], cfg: OppoConfig | None) -> bool:
     return cfg is not None and not v["reward.remote_url"] and cfg.streaming.enable and cfg.streaming.reward
 
 
+def streams_reference(cfg: OppoConfig | None) -> bool:
+    return cfg is not None and "reference" in cfg.streaming.scorers()
+
+
 def check_colocated(v: dict[str, Any], cfg: OppoConfig | None, environ: Mapping[str, str] | None = None) -> None:
     """ValueError naming the flags when a `--train.colocate_all` layout cannot fit its GPUs."""
     if not v["train.colocate_all"] or cfg is None:
@@ -152,9 +161,10 @@ def check_colocated(v: dict[str, Any], cfg: OppoConfig | None, environ: Mapping[
         _note(f"{where}: no device memory to check (a CPU run; on a GPU cluster whose launching host has "
               f"no GPU, set {run_env.DEVICE_MEMORY_GB})")
         return
-    if streams_reward(v, cfg) and cfg.streaming.kv_budget_tokens == 0:
+    if (streams_reward(v, cfg) or streams_reference(cfg)) and cfg.streaming.kv_budget_tokens == 0:
         raise ValueError(
-            "--train.colocate_all with a streaming reward needs an explicit --oppo.streaming.kv_budget_tokens: "
+            "--train.colocate_all with a streaming reward or reference needs an explicit "
+            "--oppo.streaming.kv_budget_tokens: "
             "the automatic one takes half of the GPU's free memory at load, while vLLM may still be allocating "
             "and before the DeepSpeed models peak. Pick a budget (this check then proves it fits)")
     when, items = peak(per_device_items(v, cfg, capacity))
@@ -177,7 +187,7 @@ def _refusal(v: dict[str, Any], cfg: OppoConfig, when: str, items: list[tuple[st
         if max_util > 0:
             fits.append(f"--vllm.gpu_memory_utilization {max_util:.2f} or lower (vLLM's weights and KV cache must "
                         "fit in it)")
-    kv = next((b for what, b in items if what.startswith("streaming KV budget")), 0.0)
+    kv = sum(b for what, b in items if what.startswith("streaming KV budget"))  # one budget per streamed model
     if kv > 0 and total - kv <= capacity:
         per_token = kv / cfg.streaming.kv_budget_tokens
         fits.append(f"--oppo.streaming.kv_budget_tokens {int((capacity - total + kv) // per_token):,} or lower")

@@ -128,3 +128,18 @@ def test_the_hybrid_engine_preset_fits_80_gb_gpus_and_would_not_awake(tmp_path, 
     assert "77.4 of 80.0 GB per GPU at most (while vLLM generates" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"--vllm\.enable_sleep --ds\.enable_sleep \(OpenRLHF's hybrid engine"):
         preflight.check_config({**preset, "vllm.enable_sleep": False, "ds.enable_sleep": False}, argv, oppo=True)
+
+
+def test_a_streamed_reference_is_counted_whole_on_each_gpu_not_as_a_zero3_shard(tmp_path, gpu_80gb):
+    """With --oppo.streaming.reference the 1.9 GB ZeRO-3 shard of the reference becomes a streaming
+    reference actor on each GPU: 7.62e9 params x 2 B = 15.2 GB, its KV budget 65,536 x 57,344 B =
+    3.8 GB and forward 1.9 GB: 57.0 - 1.9 + 20.9 = 76.0 GB (76.04 unrounded) beside vLLM, so the
+    share that fitted without it (0.28) is refused and at most floor((80 - 76.04) / 80, 2) = 0.04
+    is offered."""
+    argv = ["--oppo.streaming.kv_budget_tokens", "65536", "--oppo.streaming.reference", "true"]
+    with pytest.raises(ValueError) as err:
+        preflight.check_config({**make_layout(tmp_path), "vllm.gpu_memory_utilization": 0.28}, argv, oppo=True)
+    message = str(err.value)
+    assert "streaming reference weights x 1 15.2" in message and "reference 1.9" not in message
+    assert "would need at least 98.4 GB" in message  # + vLLM's 0.28 x 80 = 22.4
+    assert "--vllm.gpu_memory_utilization 0.04 or lower" in message
