@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from openrlhf_oppo.integrations.runtime.reward_dispatch import ScorerDispatcher
+from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.run_config import SCORER_RESTARTS
 from openrlhf_oppo.integrations.runtime.scorer import ScoreReply
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
@@ -127,3 +127,29 @@ def test_trained_samples_are_forgotten(fakes):
     rewards.collect()
     rewards.forget([0, 1])
     assert rewards.scores == {} and rewards.opened == {}
+
+
+def test_a_sample_is_complete_only_once_the_reward_and_the_reference_actors_both_acknowledged_it(fakes):
+    """`Scorers`: every chunk goes to both groups; each acknowledges under its own name, and the
+    reference's result (a log-prob per response token) is kept apart from the reward."""
+    sched = fakes.make_scheduler(B=1, n=1, chunk=2, scorers=(REWARD, REFERENCE))
+    plan = sched.begin_step(0)
+
+    def actor(result):
+        process = lambda extends, finishes: ScoreReply({s: result(t) for s, t in finishes.items()}, 1.0, 2.0)  # noqa: E731
+        return fakes.make_actor(process=process, open_many=None, init_model_from_pretrained=None)
+
+    meter = StepMeter(scorers=1, show_progress=False)
+    reward = ScorerDispatcher([actor(score_of)], sched, meter, None, "/rm", calls=fakes.FakeCalls())
+    reference = ScorerDispatcher([actor(lambda toks: [-1.0] * len(toks))], sched,
+                                 meter.add_scorer("reference_scorer", 1), None, "/actor", calls=fakes.FakeCalls(),
+                                 name=REFERENCE)
+    scorers = Scorers(reward, reference)
+    scorers.open({sid: PROMPT for sid in plan.admit[0].sample_ids})
+    scorers.dispatch(sched.on_tokens(0, [1, 2, 3]) + sched.on_finished(0, "stop"))
+    assert reward.actors[0].process.calls == reference.actors[0].process.calls == [({}, {0: [1, 2, 3]})]
+    reward.collect()
+    assert sched.take_batch() is None  # the reference has not acknowledged yet
+    reference.collect()
+    assert sched.take_batch() is not None
+    assert reward.scores == {0: 6.0} and reference.scores == {0: [-1.0, -1.0, -1.0]}

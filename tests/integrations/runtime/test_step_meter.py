@@ -102,3 +102,27 @@ def test_a_new_step_resets_overlap_but_keeps_unjudged_prefills():
     meter.on_final_tokens(3)
     meter.start_step()
     assert meter.overlap_tokens == [0, 0] and meter.prefilled_early == {7: [(102.0, 8)]}
+
+
+def test_a_second_streamed_scorer_is_metered_in_the_same_step_under_its_own_names():
+    """The streaming reference actors' meter (`add_scorer`): judged against the same sample ends
+    and the same generation phase, reported as `oppo/reference_scorer_*`; the reward's figures
+    are untouched by its replies."""
+    clock = Clock(100.0)
+    meter = StepMeter(scorers=1, clock=clock, show_progress=False)
+    ref = meter.add_scorer("reference_scorer", 2)
+    meter.start_step()
+    ref.on_reply(0, reply(101.0, 102.0, kv=30), ahead={7: 8})  # prefilled before sample 7 ends
+    meter.on_reply(0, reply(101.0, 101.5), ahead={7: 8})
+    meter.on_finished(7, time_s=103.0)  # judges both meters' early prefills
+    ref.on_final_tokens(8)
+    clock.now = 110.0
+    meter.end_generation(50)
+    metrics = meter.metrics(report(), 0, 0, 0)
+    assert metrics["oppo/overlap_fraction"] == 1.0  # the reward's 8 tokens, none sent at the end
+    assert metrics["oppo/reference_scorer_overlap_fraction"] == pytest.approx(0.5)
+    assert metrics["oppo/scorer_idle_fraction"] == pytest.approx(1 - 0.5 / 10)
+    assert metrics["oppo/reference_scorer_idle_fraction"] == pytest.approx(1 - 1 / 20)  # 2 actors x 10 s
+    assert metrics["oppo/reference_scorer_kv_tokens"] == 30.0 and metrics["oppo/scorer_kv_tokens"] == 0.0
+    meter.forget([7])
+    assert 7 not in ref.finished_s
