@@ -187,7 +187,7 @@ def run_step(w: Workload, chunk_tokens: int, progress: bool = True, profile: boo
         "driver_tokens": pool.tokens, "driver_polls": pool.polls_done, "driver_deltas": pool.deltas,
         "admitted_groups": admitted, "experiences": len(experiences),
         # the streamed reward of each trained sample (the synthetic scorer's: its token count)
-        "rewards": {sid: gen.rewards.scores.get(sid) for sid in gen.batch_sample_ids or []},
+        "rewards": {sid: gen.scorers.reward.scores.get(sid) for sid in gen.batch_sample_ids or []},
         "engine_logs": engine_logs, "scorer_logs": scorer_logs, "profile": _profile_text(profiler),
     }
 
