@@ -139,3 +139,29 @@ def test_make_experience_gets_the_rows_where_it_would_dispatch_the_reference_for
     assert own == [critic_group] and len(rows) == 2
     for row, b in zip(rows, batches):
         assert torch.equal(row, -b.action_mask.float())
+
+
+@pytest.mark.gpu
+def test_on_cuda_in_bf16_the_streaming_reference_actor_matches_openrlhfs_reference_forward(checkpoint):
+    """What a GPU run does (`--ds.param_dtype bf16`, the actor on the device `_on_device` picks):
+    within a few bf16 steps of OpenRLHF's reference `Actor` on the same device; a chunked forward
+    rounds in another order than a one-shot one."""
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16, attn_implementation="sdpa")
+    ref = Actor(model.to("cuda").eval(), temperature=TEMPERATURE)
+    ref.packing_samples = False
+    actor = StreamingReferenceActor(str(checkpoint), kv_budget_tokens=4096, temperature=TEMPERATURE,
+                                    param_dtype="bf16")
+    assert next(actor.scorer.parts.backbone.parameters()).device.type == "cuda"
+    actor.open_many({sid: prompt for sid, (prompt, _) in enumerate(SAMPLES)})
+    results = {**actor.process({sid: r[:2] for sid, (_, r) in enumerate(SAMPLES) if len(r) > 2}, {}).scores}
+    results.update(actor.process({}, {sid: r[2:] if len(r) > 2 else r for sid, (_, r) in enumerate(SAMPLES)}).scores)
+    kept: dict = {}
+    exps = experiences()
+    for sid, exp in enumerate(exps):
+        reference.keep(kept, exp, results[sid])
+    mb = Experience.concat_experiences(exps, pad_token_id=0)
+    with torch.no_grad():
+        expected = ref(mb.sequences.cuda(), mb.action_mask.cuda(), mb.attention_mask.cuda()).float().cpu()
+    got = reference.rows_for(kept, mb.sequences, mb.attention_mask, mb.action_mask)
+    tol = 8 * torch.finfo(torch.bfloat16).eps * expected.abs().clamp(min=1.0)
+    assert ((got - expected).abs() <= tol).all(), (got - expected).abs().max()
