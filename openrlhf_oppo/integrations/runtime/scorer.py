@@ -46,7 +46,6 @@ def _dtype(param_dtype: str | None):
     """`--ds.param_dtype` ("bf16" / "fp16"; None: fp32) as a torch dtype."""
     import torch
 
-    torch.set_grad_enabled(False)  # a scorer's process only runs frozen forwards
     return {None: torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[param_dtype]
 
 

@@ -52,6 +52,7 @@ def streamed(checkpoint, chunk: int) -> dict[int, list[float]]:
     """Every sample's log-probs from one streaming reference actor, its response sent `chunk`
     tokens at a time (each chunk a `process` call for all samples, the last with `finishes`)."""
     actor = StreamingReferenceActor(str(checkpoint), kv_budget_tokens=4096, temperature=TEMPERATURE)
+    assert torch.is_grad_enabled()  # a scorer leaves the process's autograd alone (tests share one process)
     actor.open_many({sid: prompt for sid, (prompt, _) in enumerate(SAMPLES)})
     results: dict[int, list[float]] = {}
     sent = 0
