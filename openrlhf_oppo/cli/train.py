@@ -40,11 +40,11 @@ def summary(root: Path) -> list[str]:
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     return [f"{len(rewards)} steps; reward {first:+.3f} -> {last:+.3f} ({REWARD_TAG}, mean of the first {k} steps "
             f"-> the last {k}){pace}",
-            *_learning(root),
+            *_learning(root, k),
             f"outputs in {root}: train.log, tensorboard/, timeline/ (openrlhf-oppo plot timeline {root})"]
 
 
-def _learning(root: Path, steps: int = LEARNING_STEPS) -> list[str]:
+def _learning(root: Path, steps: int) -> list[str]:
     """For the learn task: exact match of the trained samples (rollouts.jsonl) against the SFT
     policy's on the same prompts (the task's data/sft_baseline.jsonl: what the prompts alone
     would give), mean response length and the share at the cap, the first `steps` steps

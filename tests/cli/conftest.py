@@ -75,3 +75,41 @@ def sync_run(train_runs):
     run = train_runs("sync", "--train.full_determinism_enable")
     assert run.returncode == 0, run.failure()
     return run
+
+
+HYBRID = ("--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep")  # OpenRLHF's hybrid engine
+REWARD_FUNC = '''
+import torch
+
+
+def reward_func(queries, prompts, labels):
+    """How close the response's word count is to the label (tiny task: a number)."""
+    rewards = [-abs(len(q[len(p):].split()) - int(lb)) / 10 for q, p, lb in zip(queries, prompts, labels)]
+    return {"rewards": torch.tensor(rewards), "scores": torch.tensor(rewards),
+            "extra_logs": {"response_words": torch.tensor([float(len(q[len(p):].split()))
+                                                           for q, p in zip(queries, prompts)])}}
+'''
+
+
+@pytest.fixture(scope="session")
+def reward_py(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("reward") / "reward_func.py"
+    path.write_text(REWARD_FUNC)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hybrid_rule_run(train_runs, reward_py, tiny_assets):
+    """OPPO in OpenRLHF's hybrid engine with a rule reward, as GRPO runs are usually set up
+    (2 steps): `--train.colocate_all --vllm.enable_sleep --ds.enable_sleep`, a `.py` reward
+    function with `group_norm`, `--eval.dataset` after every step, wandb configured without a
+    key (offline). Shared by the compat-matrix and the hybrid-engine tests: one run's start-up.
+    Δ is held at B (4 groups): step 0 admits all 8 prompts and trains the first 4 that finish,
+    so at its batch the other 4 are still decoding (the tiny actor's lengths run to the
+    192-token cap) and are carried through the engines' sleep."""
+    return train_runs(
+        "oppo", "--data.max_samples", "8", "--oppo.delta.init", "4", "--oppo.delta.adaptive", "false", *HYBRID,
+        "--reward.remote_url", str(reward_py), "--algo.advantage.estimator", "group_norm",
+        "--eval.dataset", str(tiny_assets / "prompts.jsonl"), "--eval.n_samples_per_prompt", "2", "--eval.steps", "1",
+        "--logger.wandb.project", "oppo-matrix", "--logger.wandb.run_name", "rule",
+    )

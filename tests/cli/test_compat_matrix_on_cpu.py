@@ -2,8 +2,9 @@
 logical GPUs). Two runs cover the cells, each combining cells that do not interact (a run
 costs about a minute of start-up here, so CI time decides):
 
-- rule run: `--train.colocate_all`, a `.py` reward function with `group_norm`,
-  `--eval.dataset` every step, wandb configured without a key (offline);
+- rule run (`hybrid_rule_run`, shared with the hybrid-engine tests): `--train.colocate_all`
+  with sleep mode, a `.py` reward function with `group_norm`, `--eval.dataset` every step,
+  wandb configured without a key (offline);
 - model run: `--train.colocate_actor_ref` and `--train.colocate_critic_reward`, the reward
   model named by a hub id resolved from a local hub cache, `--reward.normalize_enable`,
   `--ds.attn_implementation eager`, 2 vLLM engines with n=4 (whole groups on one engine;
@@ -28,23 +29,6 @@ from openrlhf_oppo import timeline
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
 TWO_STEPS = ("--data.max_samples", "8")  # 8 prompts / 4 per step
-REWARD_FUNC = '''
-import torch
-
-
-def reward_func(queries, prompts, labels):
-    """How close the response's word count is to the label (tiny task: a number)."""
-    rewards = [-abs(len(q[len(p):].split()) - int(lb)) / 10 for q, p, lb in zip(queries, prompts, labels)]
-    return {"rewards": torch.tensor(rewards), "scores": torch.tensor(rewards),
-            "extra_logs": {"response_words": torch.tensor([float(len(q[len(p):].split()))
-                                                           for q, p in zip(queries, prompts)])}}
-'''
-
-
-def rule_reward(query: str, prompt: str, label: str) -> float:
-    return -abs(len(query[len(prompt) :].split()) - int(label)) / 10
-
-
 @contextlib.contextmanager
 def environ(**values: str):
     saved = {k: os.environ.get(k) for k in values}
@@ -87,8 +71,13 @@ def _check_two_steps(run) -> None:
     assert all(len(row["trained"]) == 4 for row in trace)
 
 
-def _check_rule_rewards(run) -> int:
-    """Every trained sample's reward is the reward function of its decoded query."""
+def _check_rule_rewards(run, reward_py: Path) -> int:
+    """Every trained sample's reward is the run's reward function (`reward_py`) of its decoded query."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reward_func", reward_py)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     tok, labels = _tokenizer(run), _prompts(run)
     checked = 0
     for g in _trained(run):
@@ -96,7 +85,8 @@ def _check_rule_rewards(run) -> int:
         label = labels[prompt]
         for s in g["samples"]:
             query = tok.decode(g["prompt_ids"] + s["tokens"], skip_special_tokens=False)
-            assert s["reward"] == pytest.approx(rule_reward(query, prompt, label), abs=1e-6), s["sample_id"]
+            expected = module.reward_func([query], [prompt], [label])["rewards"][0].item()
+            assert s["reward"] == pytest.approx(expected, abs=1e-6), s["sample_id"]
             checked += 1
     return checked
 
@@ -105,33 +95,8 @@ def _check_rule_rewards(run) -> int:
 
 
 @pytest.fixture(scope="module")
-def reward_py(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("reward") / "reward_func.py"
-    path.write_text(REWARD_FUNC)
-    return path
-
-
-@pytest.fixture(scope="module")
-def rule_run(train_runs, reward_py, tiny_assets):
-    return train_runs(
-        "oppo",
-        *TWO_STEPS,
-        "--train.colocate_all",
-        "--reward.remote_url",
-        str(reward_py),
-        "--algo.advantage.estimator",
-        "group_norm",
-        "--eval.dataset",
-        str(tiny_assets / "prompts.jsonl"),
-        "--eval.n_samples_per_prompt",
-        "2",
-        "--eval.steps",
-        "1",
-        "--logger.wandb.project",
-        "oppo-matrix",
-        "--logger.wandb.run_name",
-        "rule",
-    )
+def rule_run(hybrid_rule_run):
+    return hybrid_rule_run
 
 
 def _hub_cache(root: Path, source: Path, repo: str, mean: float, std: float) -> None:
@@ -214,8 +179,8 @@ def test_two_engines_decode_whole_groups(model_run):
 # ---------------------------------------------------------------- rule-based rewards
 
 
-def test_py_reward_function_scores_every_sample_as_openrlhf_does(rule_run):
-    assert _check_rule_rewards(rule_run) == 16  # 4 groups x n=2, 2 steps
+def test_py_reward_function_scores_every_sample_as_openrlhf_does(rule_run, reward_py):
+    assert _check_rule_rewards(rule_run, reward_py) == 16  # 4 groups x n=2, 2 steps
 
 
 def test_group_norm_trains_on_the_rule_rewards(rule_run):

@@ -1,6 +1,7 @@
 """OpenRLHF's hybrid engine under OPPO, end to end on CPU: `openrlhf-oppo train --schedule oppo
 --config configs/tiny-cpu.yaml -- --train.colocate_all --vllm.enable_sleep --ds.enable_sleep`
-(4 steps). vLLM's CPU build has no sleep mode; the compat layer's stand-in drops the engine's KV
+with a rule reward and eval after every step (2 steps; the `hybrid_rule_run` fixture, which
+the compat-matrix tests read too). vLLM's CPU build has no sleep mode; the compat layer's stand-in drops the engine's KV
 cache at sleep (`compat.patches.vllm_sleep_standin`), the part a carried sample must survive.
 At each batch the carried requests stop with their tokens, the engines sleep through the update,
 and after the wake each decodes on from its tokens, prompt + partial response re-prefilled."""
@@ -17,7 +18,7 @@ from openrlhf_oppo.core import ledger
 
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
-HYBRID = ("--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep")
+STEPS = 2
 
 
 def _rows(run, name: str) -> list[dict]:
@@ -25,8 +26,8 @@ def _rows(run, name: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def sleep_run(train_runs):
-    run = train_runs("oppo", *HYBRID)
+def sleep_run(hybrid_rule_run):
+    run = hybrid_rule_run
     assert run.returncode == 0, run.failure()
     return run
 
@@ -42,11 +43,11 @@ def decodes(sleep_run) -> dict[int, list[dict]]:
     return out
 
 
-def test_the_hybrid_engine_trains_every_group_once_in_four_steps(sleep_run):
+def test_the_hybrid_engine_trains_every_group_once(sleep_run):
     trace = _rows(sleep_run, "oppo_trace.jsonl")
-    assert [row["step"] for row in trace] == [0, 1, 2, 3]
+    assert [row["step"] for row in trace] == list(range(STEPS))
     trained = [g["group_id"] for row in trace for g in row["trained"]]
-    assert sorted(trained) == list(range(16))
+    assert sorted(trained) == list(range(4 * STEPS))
     assert ledger.check_run(sleep_run.root).ok
 
 
@@ -73,7 +74,7 @@ def test_carried_samples_stop_at_the_batch_keep_their_tokens_and_are_reprefilled
         for sid, held in row["carried_tokens"].items():
             assert trained[int(sid)][1]["tokens"][: len(held)] == held
     metrics = _rows(sleep_run, "oppo_metrics.jsonl")
-    assert [m["oppo/reprefilled_tokens"] for m in metrics] == [float(expected_reprefill[s]) for s in range(4)]
+    assert [m["oppo/reprefilled_tokens"] for m in metrics] == [float(expected_reprefill[s]) for s in range(STEPS)]
 
 
 def test_the_engines_sleep_through_every_update(sleep_run, decodes):
@@ -82,7 +83,7 @@ def test_the_engines_sleep_through_every_update(sleep_run, decodes):
     for r in records:
         if r["role"] == "driver" and r["kind"] == "span":
             driver[r["stage"]].append((r["t0"], r["t1"]))
-    assert len(driver["wake"]) == len(driver["sleep"]) == len(driver["train"]) == 4
+    assert len(driver["wake"]) == len(driver["sleep"]) == len(driver["train"]) == STEPS
     for t0, t1 in driver["train"]:
         for reqs in decodes.values():
             for r in reqs:
