@@ -186,6 +186,13 @@ class StreamingConfig:
         "simulator setting (openrlhf-oppo simulate): in a run the actors are placed as OpenRLHF places its "
         "reference group, and the launcher refuses this flag.",
     )
+    experience_ahead: bool = _f(
+        False,
+        "Forward each group through make_experience's models (old log-probs, values, reference) as soon "
+        "as it is certain to be in the step's batch, whole, on the weights the step trains from, while "
+        "the training devices wait for the batch; make_experience then forwards only what is left. A "
+        "simulator setting (openrlhf-oppo simulate), a projection: the launcher refuses it.",
+    )
     reward_pooling: str = _f(
         "last",
         "Where the streamed reward head reads: 'last' = the last token of prompt+response, as "
@@ -210,6 +217,9 @@ class StreamingConfig:
         _require(self.kv_budget_tokens >= 0, "streaming.kv_budget_tokens", "an integer >= 0", self.kv_budget_tokens)
         _require(self.reference or not self.reference_actors, "streaming.reference_actors",
                  "false unless streaming.reference is true (the actors stream the reference)", self.reference_actors)
+        _require(not (self.experience_ahead and self.critic), "streaming.experience_ahead",
+                 "false with streaming.critic (both forward the values and old log-probs on the training devices)",
+                 self.experience_ahead)
         _require(self.reward_pooling in REWARD_POOLING, "streaming.reward_pooling", f"one of {REWARD_POOLING}",
                  self.reward_pooling)
 

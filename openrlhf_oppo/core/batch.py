@@ -7,8 +7,9 @@ scheduler here. Each trained group adds a ledger row (`openrlhf_oppo.core.ledger
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from functools import lru_cache
+from itertools import islice
 
 from openrlhf_oppo.config import StalenessConfig
 from openrlhf_oppo.core.records import InFlight, Sample
@@ -25,6 +26,15 @@ from openrlhf_oppo.core.types import (
 # Builds a NamedTuple message from a tuple without the Python-level ``__new__`` frame;
 # thousands are made per step.
 _new_tuple = tuple.__new__
+
+
+def batch_members(flight: InFlight, forced: Set[int], size: int) -> list[int]:
+    """The complete groups a batch of `size` groups holds: every complete `forced` group, then the
+    first others in completion order. Once the batch can be taken, exactly its groups; before,
+    groups it will hold whatever completes later (completion order only appends)."""
+    complete = flight.complete
+    chosen = [g for g in complete if g in forced] if forced else []
+    return chosen + list(islice((g for g in complete if g not in forced), max(0, size - len(forced))))
 
 
 def take_groups(flight: InFlight, group_ids: Sequence[int], step: int, kept_kv: bool = True) -> TrainBatch:

@@ -32,13 +32,12 @@ Stdlib only: no torch, ray, vllm or deepspeed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import islice
 from operator import attrgetter
 from typing import Any
 
 from openrlhf_oppo.config import OppoConfig
 from openrlhf_oppo.core import checkpoint, validate
-from openrlhf_oppo.core.batch import deferral_histogram, forced_groups, take_groups
+from openrlhf_oppo.core.batch import batch_members, deferral_histogram, forced_groups, take_groups
 from openrlhf_oppo.core.chunks import resend_chunks, restream_chunks, token_slice
 from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.ledger import LEDGER_FIELDS
@@ -260,11 +259,17 @@ class OverlapScheduler:
         size = self._step_batch_groups
         if size == 0 or len(complete) < size or any(g not in complete for g in self._must_finish):
             return None
-        forced = self._must_finish
-        chosen = [g for g in complete if g in forced] if forced else []
-        chosen += islice((g for g in complete if g not in forced), size - len(chosen))
+        chosen = batch_members(self._flight, self._must_finish, size)
         self._batch = take_groups(self._flight, chosen, self._step, self.config.staleness.keep_kv_cache)
         return self._batch
+
+    def committed_groups(self) -> list[int]:
+        """Complete groups this step's batch will hold, before it can be taken (what experience
+        making may forward ahead of `take_batch`); empty outside a step or once it is taken. A
+        scorer restart can make a group incomplete again (`rescore`)."""
+        if self._step is None or self._batch is not None:
+            return []
+        return batch_members(self._flight, self._must_finish, self._step_batch_groups)
 
     def end_step(self, stats: StepStats) -> StepReport:
         """Close the step: count what is carried, feed the controllers."""

@@ -55,6 +55,7 @@ class CostModel:
     reward_forward_per_token_s: float = 0.0  # the reward model's forward on the training pool (split.reward_with_train)
     sleep_transfer_s: float = 0.0  # the hybrid engine (split.sleep): one switch of the devices, vLLM <-> training
     stream_call_s: float = 0.0  # a streamed forward call on the training devices, per model: its ZeRO-3 gather
+    ahead_call_s: float = 0.0  # a make_experience call ahead of the batch, per model: its round trip (sim.streamer)
     actor_group_scale: float = 1.0  # split.critic_gpus: pooled devices / the actor's (its forwards and update)
     critic_group_scale: float = 0.0  # pooled devices / the critic's (0: the critic shares the actor's devices)
     critic_train_share: float = 0.0  # the critic's share of the pooled update's flops
@@ -174,6 +175,7 @@ def _layout(cfg: SimConfig) -> dict:
 def _measured_only(cfg: SimConfig) -> CostModel:
     e = cfg.efficiency
     return CostModel(stream_call_s=e.phase_overhead_s,  # the measured make_experience phase: gathers, round trips
+                     ahead_call_s=e.phase_overhead_s,
                      decode_overhead_s=0.0, decode_weights_read_s=0.0, decode_kv_read_per_token_s=0.0,
                      decode_compute_per_seq_s=0.0, prefill_call_s=0.0, prefill_weights_read_s=0.0,
                      prefill_per_token_s=0.0, prefill_per_pair_s=0.0, prefill_per_chunk_s=e.chunk_overhead_s,
@@ -193,6 +195,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
     gather = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node  # per device
     return CostModel(
         stream_call_s=e.forward_overhead_s + actor.weight_bytes / (gather * e.link_efficiency),
+        ahead_call_s=e.forward_overhead_s,
         decode_overhead_s=e.decode_step_overhead_s,
         decode_weights_read_s=actor.weight_bytes / (tp * bw),
         decode_kv_read_per_token_s=actor.kv_bytes_per_token / (tp * bw),

@@ -43,12 +43,13 @@ ASYNC_BASELINES = ("async", "partial", "oversample")
 
 
 def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool = True,
-         ref_actors: bool = False, async_admission: bool = False) -> str | None:
+         ref_actors: bool = False, async_admission: bool = False, ahead: bool = False) -> str | None:
     """Why `schedule`'s framework cannot run `split`; None when it can. `streams_reward`: OPPO
     streams chunks into the reward model (its reward group is made of streaming reward actors);
     `critic`: the run has a critic; `ref_actors`: OPPO streams the reference into streaming
     reference actors; `async_admission`: OPPO admits the next step's groups while the trainer
-    trains (`admits_async`)."""
+    trains (`admits_async`); `ahead`: OPPO forwards committed groups while the engines generate
+    (`streaming.experience_ahead`)."""
     async_mode = schedule in ASYNC_BASELINES
     if split.reference_gpus and not ref_actors:
         return ("devices for streaming reference actors (split.reference_gpus) serve only OPPO streaming the "
@@ -62,6 +63,9 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
     if split.sleep and async_admission:
         return ("OPPO refuses sleep mode with async admission (staleness.max_policy_lag >= 1): asleep, the engines "
                 "decode nothing while the models train")
+    if split.sleep and ahead:
+        return ("streaming.experience_ahead forwards while the engines generate, when sleep mode has the DeepSpeed "
+                "models offloaded")
     if streams_reward and split.reward_with_train:
         return ("streaming reward actors beside the DeepSpeed models (--train.colocate_critic_reward) are not "
                 "modelled: give them devices of their own or the engines'")
@@ -90,6 +94,11 @@ def admits_async(cfg: SimConfig, schedule: str) -> bool:
     return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).staleness.max_policy_lag >= 1
 
 
+def forwards_ahead(cfg: SimConfig, schedule: str) -> bool:
+    """Whether `schedule` forwards committed groups ahead of the batch (`streaming.experience_ahead`)."""
+    return schedule in OPPO_SCHEDULES and cfg.oppo.streaming.experience_ahead
+
+
 def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams the reference into OPPO's streaming reference actors."""
     if schedule not in OPPO_SCHEDULES:
@@ -104,7 +113,7 @@ def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     streams, ref = streams_reward(cfg, schedule), streams_reference_actors(cfg, schedule)
     # a measured preset is one shared host (cpu-longtail): where the critic sits changes no device
     reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None, ref,
-                  admits_async(cfg, schedule))
+                  admits_async(cfg, schedule), forwards_ahead(cfg, schedule))
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
         cfg = memory.fit_engines(cfg, ref)
@@ -183,7 +192,8 @@ def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
     for split in candidates(cfg, any(ref for _, ref in kinds.values())):
         base = dataclasses.replace(cfg, split=split)
         allowed = [s for s in schedules
-                   if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1], lagged[s]) is None]
+                   if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1], lagged[s],
+                           forwards_ahead(cfg, s)) is None]
         for kind in sorted({kinds[s] for s in allowed}):
             trial = memory.fit_engines(base, kind[1])
             over = memory.overflow(trial, *kind)

@@ -1,7 +1,9 @@
 """Streamed make_experience forwards: OPPO's `streaming.reference` (the reference model's
 log-probs) and `streaming.critic` (the critic's values and the actor's old log-probs, the forwards
 of the weights being trained) on the training devices (`TrainStreamer`), or the reference on
-streaming reference actors of its own (`ReferenceActors`, `streaming.reference_actors`).
+streaming reference actors of its own (`ReferenceActors`, `streaming.reference_actors`); or
+make_experience's forwards of whole groups ahead of the batch (`ExperienceAhead`,
+`streaming.experience_ahead`).
 
 The training devices hold the reference, critic and actor. While they neither make experience
 nor train (in a disaggregated layout: while the engines generate) they prefill chunks as the
@@ -67,12 +69,15 @@ class TrainStreamer:
         if self.active or not self.queue or now_s < self.free_at_s:
             return
         items, self.queue = self.queue, []
-        dt = self.call_s + self.per_token_s * sum(_new_tokens(it) for it in items)
+        dt = self.call_seconds(items)
         if self.world.cfg.split.colocate:
             self.world.rollout.pause(now_s)
         self.active = True
         self.busy_until_s = now_s + dt
         self.world.loop.at(now_s + dt, self._done, items, now_s)
+
+    def call_seconds(self, items: list[tuple]) -> float:
+        return self.call_s + self.per_token_s * sum(_new_tokens(it) for it in items)
 
     def _done(self, items: list[tuple], t0_s: float) -> None:
         now_s = self.world.loop.now_s
@@ -81,7 +86,7 @@ class TrainStreamer:
         self.world.recorder.span("actor", 0, "stream_forward", t0_s, now_s, tokens=sum(_new_tokens(it) for it in items))
         if self.world.cfg.split.colocate:
             self.world.rollout.resume(now_s)
-        if "critic" in self.names:
+        if "critic" in self.names:  # (ExperienceAhead forwards after the last update: nothing to recompute)
             for it in items:
                 self.version_of.setdefault(it[0], self.world.version)
         self.on_done(items, now_s)
@@ -97,6 +102,61 @@ class TrainStreamer:
                      if self.version_of.pop(sid, now) < now)
         self.recomputed_tokens += tokens
         return tokens
+
+
+class ExperienceAhead(TrainStreamer):
+    """`streaming.experience_ahead`: each group certain to be in the step's batch (the core's
+    `committed_groups`) is forwarded whole through make_experience's `stages` (old log-probs;
+    values with a critic; the reference unless it is streamed) on the training devices, while
+    they wait for the batch and after the update the step trains from (`hold`), so nothing is
+    recomputed. Samples go in whole forward rounds (`unit`: a micro-batch on every training
+    device, as make_experience forwards them), every queued round in one call, costed as
+    make_experience costs its forwards (`costs.make_experience_s` over the padded micro-batches,
+    fixed costs included, the critic's group beside the actor's) plus a round trip per model
+    (`ahead_call_s`): a round's forwards are the micro-batches make_experience would run, with
+    the same ZeRO-3 gathers, which the cost model leaves inside `forward_mfu` there too.
+    make_experience then forwards the batch's samples not forwarded ahead (`left`). Colocated,
+    a call pauses every engine."""
+
+    def __init__(self, world, stages: tuple[str, ...]) -> None:
+        super().__init__(world, (), lambda items, now_s: None)
+        self.stages = stages
+        self.call_s = world.costs.ahead_call_s * len(stages)
+        split = world.cfg.split
+        self.unit = world.cfg.workload.micro_batch_size * split.train_gpus * split.nodes
+        self.pending: list[tuple] = []  # committed samples short of a round
+        self.forwarded: set[int] = set()  # samples in a call begun (make_experience waits for its end)
+
+    def kick(self, now_s: float) -> None:
+        if not self.active and self.queue and now_s >= self.free_at_s:
+            self.forwarded.update(it[0] for it in self.queue)
+        super().kick(now_s)
+
+    def call_seconds(self, items: list[tuple]) -> float:
+        w = self.world.cfg.workload
+        stages = self.world.costs.make_experience_s(self.world.train_tokens([it[2] for it in items]),
+                                                    w.reference, w.critic)
+        return self.call_s + self.world._forwards_s({k: v for k, v in stages.items() if k in self.stages})
+
+    def forward(self, samples: list[tuple[int, int]], now_s: float) -> None:
+        """samples: (sample_id, response tokens) of groups newly committed to the batch."""
+        p = self.world.cfg.lengths.prompt_tokens
+        self.pending += [(sid, 0, n, True, p) for sid, n in samples]
+        rounds = len(self.pending) // self.unit * self.unit
+        if rounds:
+            items, self.pending = self.pending[:rounds], self.pending[rounds:]
+            self.submit(items, now_s)
+
+    def left(self, sample_ids: list[int], lengths: list[int]) -> dict[str, int]:
+        """make_experience's stages -> tokens still to forward: the batch's samples in no call
+        begun (a call in progress ends first: `World.experience_and_train`); queued ones leave
+        the queue."""
+        rest = [n for sid, n in zip(sample_ids, lengths, strict=True) if sid not in self.forwarded]
+        self.forwarded.difference_update(sample_ids)
+        batch = set(sample_ids)
+        self.queue = [it for it in self.queue if it[0] not in batch]
+        self.pending = [it for it in self.pending if it[0] not in batch]
+        return dict.fromkeys(self.stages, self.world.train_tokens(rest))
 
 
 class ReferenceActors:

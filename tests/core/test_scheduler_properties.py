@@ -86,6 +86,7 @@ class Driver:
         self.trained: list[int] = []
         self.next_token = 0
         self.step_tokens = 0  # generated in the step under way: what StepStats reports
+        self.committed: list[int] = []  # the step's committed_groups() when last asked
 
     def _new_scheduler(self):
         s = self.setup
@@ -164,14 +165,14 @@ class Driver:
                     self.emit(sid, step, plan.chunk_size_tokens)
                     self.finish(sid, plan.chunk_size_tokens)
                     live.remove(sid)
-            batch = batch or sched.take_batch()
+            batch = batch or self.take_batch()
         # drain: finish forced groups first, then the rest in random order, until the batch forms
         order = sorted(live, key=lambda sid: sched.group_of(sid) not in plan.must_finish)
         while batch is None:
             for name in setup["scorers"]:
                 while self.pending[name]:
                     self.ack_one(name, 0)
-            batch = sched.take_batch()
+            batch = self.take_batch()
             if batch is None:
                 sid = order.pop(0)
                 while len(self.sent_tokens[sid]) < self.target_len[sid]:
@@ -184,6 +185,20 @@ class Driver:
         assert setup["delta"].min <= report.next_delta <= setup["delta"].max
         carried_tokens = sum(len(self.sent_tokens[sid]) for gid in report.carried_groups for sid in self.admitted[gid])
         assert report.carried_tokens == carried_tokens
+
+    def take_batch(self):
+        """take_batch, after asking committed_groups: what it names only grows within a step (no
+        scorer restarts here), and the batch, once taken, is exactly what it named last."""
+        committed = self.sched.committed_groups()
+        assert set(self.committed) <= set(committed), (self.committed, committed)
+        batch = self.sched.take_batch()
+        if batch is None:
+            self.committed = committed
+            return None
+        assert [g.group_id for g in batch.groups] == committed
+        assert self.sched.committed_groups() == []
+        self.committed = []
+        return batch
 
     def maybe_bad_call(self, step, live, batch_taken=False):
         """Maybe send one bad call, built from the current state; it must raise and change nothing."""

@@ -73,6 +73,9 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
         raise ValueError("--oppo.streaming.reference_actors: a simulator setting (openrlhf-oppo simulate); in a run, "
                          "--oppo.streaming.reference true streams into OpenRLHF's reference group, placed as "
                          "OpenRLHF places it")
+    if cfg.streaming.experience_ahead:
+        raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate), not "
+                         "built into runs yet; leave it false")
     if "reference" in cfg.streaming.scorers():
         kl = _value("--algo.kl.init_coef", argv)
         if kl is not None and float(kl) <= 0:

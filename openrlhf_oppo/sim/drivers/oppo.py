@@ -46,7 +46,7 @@ from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
-from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, ReferenceActors, TrainStreamer
+from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, ExperienceAhead, ReferenceActors, TrainStreamer
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 _ZEROS = array("i", bytes(4 * 4096))  # token ids do not matter to the scheduler
@@ -84,6 +84,16 @@ class OppoDriver(World):
                          if n in TRAIN_STREAMED and not (n == "reference" and self.ref_actors is not None))
         if on_train:
             self.streamer = TrainStreamer(self, on_train, self.on_streamed)
+        self.ahead: ExperienceAhead | None = None  # streaming.experience_ahead
+        self.ahead_groups: set[int] = set()  # groups handed to it, not yet trained
+        if oppo.streaming.experience_ahead:
+            if on_train or cfg.split.sleep:
+                raise ValueError(f"streaming.experience_ahead: schedule {name} "
+                                 + ("streams into the training devices' models already" if on_train else
+                                    "with split.sleep, whose models are offloaded while the engines generate"))
+            w = cfg.workload
+            self.streamer = self.ahead = ExperienceAhead(self, ("old_logprobs", *(("values",) if w.critic else ()), *(
+                ("ref_logprobs",) if w.reference and "reference" not in self.sched.scorers else ())))
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         if cfg.split.sleep and self.async_admission:
             raise ValueError(f"split.sleep: schedule {name} admits asynchronously (staleness.max_policy_lag "
@@ -168,7 +178,7 @@ class OppoDriver(World):
             items = [(ch.sample_id, ch.start, ch.end, ch.final, p) for ch in chunks]
             if self.reward_streamed:
                 self.scorer.submit(items, now_s)
-            if self.streamer is not None:
+            if self.streamer is not None and self.ahead is None:
                 self.streamer.submit(items, now_s)
             if self.ref_actors is not None:
                 self.ref_actors.submit(items, now_s)
@@ -193,16 +203,25 @@ class OppoDriver(World):
         self.check_batch(now_s)
 
     def check_batch(self, now_s: float) -> None:
-        if not self.waiting:
-            return
-        batch = self.sched.take_batch()
+        batch = self.sched.take_batch() if self.waiting else None
         if batch is not None:
             self.waiting = False
             self.batch_ready(now_s, batch)
+        elif self.ahead is not None:  # the groups that complete the batch are make_experience's
+            self.forward_ahead(now_s)
+
+    def forward_ahead(self, now_s: float) -> None:
+        """Groups newly certain to be in the open step's batch go to `ExperienceAhead` whole."""
+        new = [g for g in self.sched.committed_groups() if g not in self.ahead_groups]
+        if new:
+            self.ahead_groups.update(new)
+            sids = [sid for g in new for sid in self.sched.group_sample_ids(g)]
+            self.ahead.forward([(sid, self.reqs[sid].done) for sid in sids], now_s)
 
     def batch_ready(self, now_s: float, batch: TrainBatch) -> None:
         self.recorder.span("driver", 0, "generate", self.wait_start_s, now_s)
         samples = [s for g in batch.groups for s in g.samples]
+        self.ahead_groups.difference_update(g.group_id for g in batch.groups)
         for s in samples:
             del self.reqs[s.sample_id]
         if self.cfg.split.sleep:  # the engines sleep next: every carried request stops, its tokens fed
@@ -227,6 +246,8 @@ class OppoDriver(World):
         reference over the samples its actors did not stream whole)."""
         w = self.cfg.workload
         left = {"ref_logprobs": self.ref_actors.left(ids, lengths)} if self.ref_actors and w.reference else {}
+        if self.ahead is not None:
+            return {**self.ahead.left(ids, lengths), **left}
         if self.streamer is None:
             return left or None
         names = self.streamer.names

@@ -212,7 +212,7 @@ def test_openrlhf_gets_the_users_flags_and_the_correction_oppo_maps_to():
         openrlhf_argv(rest, cfg)
 
 
-def test_unwired_critic_streaming_and_the_simulators_reference_actors_are_refused_by_name():
+def test_unwired_critic_streaming_and_the_simulators_settings_are_refused_by_name():
     from openrlhf_oppo.cli.train_ppo_ray import check_flags, parse
 
     cfg, rest = parse(["--oppo.streaming.critic", "true"])
@@ -221,6 +221,9 @@ def test_unwired_critic_streaming_and_the_simulators_reference_actors_are_refuse
         check_flags(rest, cfg)
     cfg, rest = parse(["--oppo.streaming.reference", "true", "--oppo.streaming.reference_actors", "true"])
     with pytest.raises(ValueError, match=r"--oppo\.streaming\.reference_actors: a simulator setting"):
+        check_flags(rest, cfg)
+    cfg, rest = parse(["--oppo.streaming.experience_ahead", "true"])
+    with pytest.raises(ValueError, match=r"--oppo\.streaming\.experience_ahead: a simulator setting"):
         check_flags(rest, cfg)
     cfg, rest = parse(["--oppo.streaming.reference", "true"])
     check_flags(rest, cfg)  # streamed into OpenRLHF's reference group
