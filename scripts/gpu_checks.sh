@@ -16,7 +16,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
 timeout "${TESTS_S:-150}" python3 -m pytest -m gpu -p no:cacheprovider -q -rA tests/models \
-  tests/integrations/runtime/test_sleep_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
+  tests/integrations/runtime/test_sleep_gpu.py tests/integrations/runtime/test_reference_stream.py \
+  2>&1 | tee "$OUT/gpu-tests.log"
 
 bench() {  # name, timeout, flags...
   local name=$1 limit=$2
