@@ -96,7 +96,9 @@ def admits_async(cfg: SimConfig, schedule: str) -> bool:
 
 def forwards_ahead(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` forwards committed groups ahead of the batch (`streaming.experience_ahead`)."""
-    return schedule in OPPO_SCHEDULES and cfg.oppo.streaming.experience_ahead
+    if schedule not in OPPO_SCHEDULES:
+        return False
+    return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.experience_ahead
 
 
 def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
