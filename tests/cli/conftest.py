@@ -101,14 +101,16 @@ def reward_py(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def hybrid_rule_run(train_runs, reward_py, tiny_assets):
     """OPPO in OpenRLHF's hybrid engine with a rule reward, as GRPO runs are usually set up
-    (2 steps): `--train.colocate_all --vllm.enable_sleep --ds.enable_sleep`, a `.py` reward
+    (3 steps): `--train.colocate_all --vllm.enable_sleep --ds.enable_sleep`, a `.py` reward
     function with `group_norm`, `--eval.dataset` after every step, wandb configured without a
     key (offline). Shared by the compat-matrix and the hybrid-engine tests: one run's start-up.
-    Δ is held at B (4 groups): step 0 admits all 8 prompts and trains the first 4 that finish,
-    so at its batch the other 4 are still decoding (the tiny actor's lengths run to the
-    192-token cap) and are carried through the engines' sleep."""
+    Δ is held at B (4 groups) over 12 prompts, 3 steps: step 0 admits 8 and trains the first 4
+    that finish; step 1 admits the last 4. Something is decoding at one of the two batches by
+    construction: at step 0's unless every other group ends on the batch's engine iteration
+    (the tiny actor's samples often run to the 192-token cap together), and then step 1's 4
+    complete carried groups form its batch at once, while its 4 new groups decode."""
     return train_runs(
-        "oppo", "--data.max_samples", "8", "--oppo.delta.init", "4", "--oppo.delta.adaptive", "false", *HYBRID,
+        "oppo", "--data.max_samples", "12", "--oppo.delta.init", "4", "--oppo.delta.adaptive", "false", *HYBRID,
         "--reward.remote_url", str(reward_py), "--algo.advantage.estimator", "group_norm",
         "--eval.dataset", str(tiny_assets / "prompts.jsonl"), "--eval.n_samples_per_prompt", "2", "--eval.steps", "1",
         "--logger.wandb.project", "oppo-matrix", "--logger.wandb.run_name", "rule",

@@ -1,4 +1,4 @@
-"""OpenRLHF setups a user brings, run with OPPO for real on CPU (2 steps each, tiny models,
+"""OpenRLHF setups a user brings, run with OPPO for real on CPU (2 or 3 steps, tiny models,
 logical GPUs). Two runs cover the cells, each combining cells that do not interact (a run
 costs about a minute of start-up here, so CI time decides):
 
@@ -29,6 +29,7 @@ from openrlhf_oppo import timeline
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
 TWO_STEPS = ("--data.max_samples", "8")  # 8 prompts / 4 per step
+RULE_STEPS = 3  # the hybrid_rule_run fixture (tests/cli/conftest.py): 12 prompts / 4 per step
 @contextlib.contextmanager
 def environ(**values: str):
     saved = {k: os.environ.get(k) for k in values}
@@ -64,10 +65,10 @@ def _prompts(run) -> dict[str, str]:
     return {r["input"]: r["label"] for r in rows}
 
 
-def _check_two_steps(run) -> None:
+def _check_steps(run, steps: int) -> None:
     assert run.returncode == 0, run.failure()
     trace = _trace(run)
-    assert [row["step"] for row in trace] == [0, 1]
+    assert [row["step"] for row in trace] == list(range(steps))
     assert all(len(row["trained"]) == 4 for row in trace)
 
 
@@ -150,7 +151,7 @@ def test_colocate_critic_reward_places_the_streaming_reward_actor_in_openrlhfs_g
     """OpenRLHF places its reward group (as under colocate_all): a 0.2 GPU share of the
     critic-reward placement group, not a GPU of its own outside it (which waits forever
     once the placement groups hold every GPU)."""
-    _check_two_steps(model_run)
+    _check_steps(model_run, 2)
     loads = _reward_loads(model_run)
     assert len(loads) == 1 and loads[0]["placement_group"] and loads[0]["gpus"] == pytest.approx(0.2)
 
@@ -163,7 +164,7 @@ def test_reward_model_flags_reach_the_streaming_actor(model_run):
 
 
 def test_colocate_all_with_a_reward_function(rule_run):
-    _check_two_steps(rule_run)
+    _check_steps(rule_run, RULE_STEPS)
     assert _reward_loads(rule_run) == []  # no reward model anywhere
 
 
@@ -180,16 +181,17 @@ def test_two_engines_decode_whole_groups(model_run):
 
 
 def test_py_reward_function_scores_every_sample_as_openrlhf_does(rule_run, reward_py):
-    assert _check_rule_rewards(rule_run, reward_py) == 16  # 4 groups x n=2, 2 steps
+    assert _check_rule_rewards(rule_run, reward_py) == 8 * RULE_STEPS  # 4 groups x n=2 a step
 
 
 def test_group_norm_trains_on_the_rule_rewards(rule_run):
     from openrlhf_oppo.bench.schedules import tensorboard_scalars
 
     scalars = {t: [v for _, _, v in ev] for t, ev in tensorboard_scalars(rule_run.root / "tensorboard").items()}
-    assert len(scalars["train/policy_loss"]) == 2
+    assert len(scalars["train/policy_loss"]) == RULE_STEPS
     trained = [s["reward"] for g in _trained(rule_run) for s in g["samples"]]
-    assert scalars["train/reward"] == pytest.approx([sum(trained[:8]) / 8, sum(trained[8:]) / 8], abs=1e-5)
+    assert scalars["train/reward"] == pytest.approx([sum(trained[i:i + 8]) / 8 for i in range(0, 8 * RULE_STEPS, 8)],
+                                                    abs=1e-5)
     assert not any(t.startswith("train/critic") for t in scalars)  # group_norm: no critic
 
 
@@ -198,7 +200,7 @@ def test_eval_runs_with_a_reward_function(rule_run):
 
     tags = tensorboard_scalars(rule_run.root / "tensorboard")
     evals = [t for t in tags if t.startswith("eval")]
-    assert evals and all(len(tags[t]) == 2 for t in evals), sorted(tags)  # --eval.steps 1: after each step
+    assert evals and all(len(tags[t]) == RULE_STEPS for t in evals), sorted(tags)  # --eval.steps 1: each step
 
 
 # ---------------------------------------------------------------- reward model flags
@@ -261,7 +263,7 @@ def test_wandb_without_a_key_logs_offline_with_oppo_and_timing_keys(rule_run):
     with OpenRLHF's metrics, OPPO's `oppo/*` and the timeline's `timing/idle/*`."""
     (run_file,) = (rule_run.root / "wandb").glob("offline-run-*/run-*.wandb")
     steps = [r for r in _wandb_history(run_file) if "train/oppo/delta" in r]
-    assert [r["train/global_step"] for r in steps] == [1, 2]
+    assert [r["train/global_step"] for r in steps] == list(range(1, RULE_STEPS + 1))
     for row in steps:
         for key in (
             "train/reward",

@@ -75,8 +75,10 @@ def _reference_matches_openrlhfs_forward(assets, trace) -> int:
     """Every trained sample's streamed reference log-probs against OpenRLHF's reference `Actor`
     loaded from the same checkpoint in bf16 (--ds.param_dtype, which both honour), one forward
     over the whole sequence. Chunked and one-shot bf16 forwards round differently: the bound is
-    2e-2, under one bf16 ulp at these magnitudes (measured at most 7.8e-3 on this task); exact
-    equality in fp32 for any chunking is tests/integrations/runtime/test_reference_stream.py's."""
+    2 bf16 epsilons relative to the log-prob (at least 1), about two units in the last place
+    (measured up to 2.7e-2 at a log-prob of -6.1, where one unit is 3.1e-2; an absolute 2e-2
+    failed there); exact equality in fp32 for any chunking is
+    tests/integrations/runtime/test_reference_stream.py's."""
     import torch
 
     from openrlhf_oppo import compat
@@ -97,7 +99,8 @@ def _reference_matches_openrlhfs_forward(assets, trace) -> int:
                     one_shot = actor(seq, action_mask, torch.ones_like(seq))[0, len(prompt) - 1:].float()
                 streamed = torch.tensor(s["reference_logprobs"])
                 assert streamed.shape == one_shot.shape
-                assert (streamed - one_shot).abs().max() <= 2e-2, (row["step"], s["sample_id"])
+                bound = 2 * torch.finfo(torch.bfloat16).eps * one_shot.abs().clamp(min=1.0)
+                assert ((streamed - one_shot).abs() <= bound).all(), (row["step"], s["sample_id"])
                 compared += 1
     return compared
 

@@ -1,6 +1,6 @@
 """OpenRLHF's hybrid engine under OPPO, end to end on CPU: `openrlhf-oppo train --schedule oppo
 --config configs/tiny-cpu.yaml -- --train.colocate_all --vllm.enable_sleep --ds.enable_sleep`
-with a rule reward and eval after every step (2 steps; the `hybrid_rule_run` fixture, which
+with a rule reward and eval after every step (3 steps; the `hybrid_rule_run` fixture, which
 the compat-matrix tests read too). vLLM's CPU build has no sleep mode; the compat layer's stand-in drops the engine's KV
 cache at sleep (`compat.patches.vllm_sleep_standin`), the part a carried sample must survive.
 At each batch the carried requests stop with their tokens, the engines sleep through the update,
@@ -18,7 +18,7 @@ from openrlhf_oppo.core import ledger
 
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
-STEPS = 2
+STEPS = 3
 
 
 def _rows(run, name: str) -> list[dict]:
