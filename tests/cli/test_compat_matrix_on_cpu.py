@@ -30,6 +30,8 @@ pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRL
 
 TWO_STEPS = ("--data.max_samples", "8")  # 8 prompts / 4 per step
 RULE_STEPS = 3  # the hybrid_rule_run fixture (tests/cli/conftest.py): 12 prompts / 4 per step
+
+
 @contextlib.contextmanager
 def environ(**values: str):
     saved = {k: os.environ.get(k) for k in values}
