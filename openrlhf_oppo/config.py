@@ -231,6 +231,36 @@ class StreamingConfig:
 
 
 @dataclass(frozen=True)
+class MegatronConfig:
+    """The actor's training backend."""
+
+    enable: bool = _f(
+        False,
+        "Train the actor with Megatron-Core (tensor and pipeline parallel) instead of DeepSpeed: the actor "
+        "group's --actor.num_nodes x --actor.num_gpus_per_node ranks are split into tensor x pipeline x "
+        "data parallel groups; the model is mapped from the Hugging Face checkpoint (Qwen2 and Llama "
+        "families); OpenRLHF's PPO and KL losses, Adam and its learning-rate schedule; checkpoints under "
+        "--ckpt.path/_actor (with OPPO's carried groups) and the trained actor saved as a Hugging Face "
+        "checkpoint. The critic, reference and reward models stay on DeepSpeed.",
+    )
+    tensor_parallel_size: int = _f(1, "Tensor-parallel size of the Megatron actor.")
+    pipeline_parallel_size: int = _f(
+        1, "Pipeline-parallel size of the Megatron actor (it must divide the layers).")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"megatron.{name}", "an integer >= 1", value)
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
 class OppoConfig:
     """Everything OPPO adds to an OpenRLHF PPO run."""
 
@@ -238,12 +268,14 @@ class OppoConfig:
     chunk: ChunkConfig = field(default_factory=ChunkConfig, metadata={"help": "Chunk size C (intra-step overlap)."})
     staleness: StalenessConfig = field(default_factory=StalenessConfig, metadata={"help": "Deferral and off-policy."})
     streaming: StreamingConfig = field(default_factory=StreamingConfig, metadata={"help": "Streamed scorers."})
+    megatron: MegatronConfig = field(default_factory=MegatronConfig,
+                                     metadata={"help": "Megatron-Core training backend for the actor."})
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        for section in (self.delta, self.chunk, self.staleness, self.streaming):
+        for section in (self.delta, self.chunk, self.staleness, self.streaming, self.megatron):
             section.validate()
         # lag 1: a group admitted while the trainer trains holds tokens one version old, so it
         # must be trained in the very next step; a carried group would be two versions old
@@ -312,6 +344,7 @@ def field_help() -> dict[str, str]:
 __all__ = [
     "ChunkConfig",
     "DeltaConfig",
+    "MegatronConfig",
     "OppoConfig",
     "StalenessConfig",
     "StreamingConfig",

@@ -19,6 +19,7 @@ from openrlhf_oppo.integrations.launch.driver import (
     FORWARDED_ENV,
     INCOMPATIBLE_FLAGS,
     JOB_CONFIG_ENV,
+    MEGATRON_INCOMPATIBLE,
     OPENRLHF_MODULE,
     STREAMING_REFERENCE_INCOMPATIBLE,
     STREAMING_REWARD_INCOMPATIBLE,
@@ -29,9 +30,9 @@ from openrlhf_oppo.integrations.launch.driver import (
     streams_rewards,
 )
 
-__all__ = ["CORRECTIONS", "FORWARDED_ENV", "INCOMPATIBLE_FLAGS", "JOB_CONFIG_ENV", "OPENRLHF_MODULE",
-           "STREAMING_REFERENCE_INCOMPATIBLE", "STREAMING_REWARD_INCOMPATIBLE", "check_flags", "driver_env_vars",
-           "main", "openrlhf_argv", "parse", "streams_rewards"]
+__all__ = ["CORRECTIONS", "FORWARDED_ENV", "INCOMPATIBLE_FLAGS", "JOB_CONFIG_ENV", "MEGATRON_INCOMPATIBLE",
+           "OPENRLHF_MODULE", "STREAMING_REFERENCE_INCOMPATIBLE", "STREAMING_REWARD_INCOMPATIBLE", "check_flags",
+           "driver_env_vars", "main", "openrlhf_argv", "parse", "streams_rewards"]
 
 if __name__ == "__main__":
     sys.exit(main())

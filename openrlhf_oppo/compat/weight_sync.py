@@ -52,24 +52,36 @@ def unpack_tensor(item) -> tuple[str, Any]:
 def broadcast_to_vllm(self) -> None:
     """Replacement for `ActorPPOTrainer.broadcast_to_vllm` (OpenRLHF 0.11.2)."""
     import deepspeed
+
+    zero3 = self.strategy.args.ds.zero_stage == 3
+
+    def gathered():
+        for name, param in self.actor.model.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], enabled=zero3):
+                yield name, param.data
+
+    send_weights(self, gathered())
+
+
+def send_weights(owner, named) -> None:
+    """Send `(name, tensor)` pairs to `owner.vllm_engines` as one packed state dict from global
+    rank 0. Every rank iterates `named` (gathering a weight is a collective), then all meet at
+    a barrier. `owner` holds `strategy` and `vllm_engines` (the DeepSpeed trainer or the
+    Megatron actor)."""
     import ray
     import torch
 
-    args = self.strategy.args
     rank0 = torch.distributed.get_rank() == 0
-    model = self.actor.model.module
-    zero3 = args.ds.zero_stage == 3
     packed = []
-    for name, param in model.named_parameters():
-        with deepspeed.zero.GatheredParameters([param], enabled=zero3):
-            if rank0:
-                packed.append(pack_tensor(name, param.data))
+    for name, tensor in named:
+        if rank0:
+            packed.append(pack_tensor(name, tensor))
     if rank0:
         payload = {"tag": PAYLOAD_TAG, "weights": packed}
-        ray.get([engine.update_weight.remote(payload, None, None, True) for engine in self.vllm_engines])
-        if args.vllm.enable_prefix_caching:
-            ray.get([engine.reset_prefix_cache.remote() for engine in self.vllm_engines])
-        _probe(self)
+        ray.get([engine.update_weight.remote(payload, None, None, True) for engine in owner.vllm_engines])
+        if owner.strategy.args.vllm.enable_prefix_caching:
+            ray.get([engine.reset_prefix_cache.remote() for engine in owner.vllm_engines])
+        _probe(owner)
     torch.distributed.barrier()
 
 

@@ -17,6 +17,7 @@ clipping).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ class MicroBatch:
     old_log_probs: torch.Tensor | None = None  # (b, a)
     advantages: torch.Tensor | None = None  # (b, a)
     base_log_probs: torch.Tensor | None = None  # (b, a), the reference model's (KL loss)
+    rollout_log_probs: torch.Tensor | None = None  # (b, a), vLLM's (importance-sampling correction)
 
     def left_padded(self, length: int, pad_id: int) -> MicroBatch:
         """The same batch left-padded to `length` (pipeline stages exchange one tensor shape)."""
@@ -44,7 +46,7 @@ class MicroBatch:
             return self
         seq = torch.nn.functional.pad(self.sequences, (extra, 0), value=pad_id)
         mask = torch.nn.functional.pad(self.attention_mask, (extra, 0), value=0)
-        return MicroBatch(seq, mask, self.action_mask, self.old_log_probs, self.advantages, self.base_log_probs)
+        return dataclasses.replace(self, sequences=seq, attention_mask=mask)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Settings:
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: str = "k1"
+    kl_unbiased_gradient: bool = False
     dtype: torch.dtype = torch.float32
     pad_id: int = 0
     loss_kwargs: dict = field(default_factory=dict)  # more PolicyLoss arguments
@@ -149,11 +152,13 @@ class MegatronActor:
 
         lp = action_log_probs(logits, mb, self.settings.temperature)
         loss, clip_ratio, ppo_kl, _, _ = self.policy_loss(lp, mb.old_log_probs, mb.advantages,
-                                                          action_mask=mb.action_mask, **norm)
+                                                          action_mask=mb.action_mask,
+                                                          rollout_log_probs=mb.rollout_log_probs, **norm)
         stats = {"policy_loss": loss.detach(), "ppo_clip_ratio": clip_ratio.detach(), "ppo_kl": ppo_kl.detach()}
         if self.settings.kl_coef > 0:
             kl = compute_approx_kl(lp, mb.base_log_probs, log_probs_old=mb.old_log_probs,
-                                   kl_estimator=self.settings.kl_estimator)
+                                   kl_estimator=self.settings.kl_estimator,
+                                   unbiased_gradient=self.settings.kl_unbiased_gradient)
             kl_loss = aggregate_loss(kl, mb.action_mask, **norm)
             stats["kl"] = kl_loss.detach()
             loss = loss + kl_loss * self.settings.kl_coef

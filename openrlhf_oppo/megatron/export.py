@@ -65,6 +65,11 @@ def _layer_from_shards(own: dict[str, torch.Tensor], j: int, i: int, shape: mmod
     return out
 
 
+def weight_count(shape: mmodel.Shape) -> int:
+    """How many tensors `hf_weights` yields."""
+    return 2 + sum(len(_hf_shapes(shape, i)) for i in range(shape.layers)) + (0 if shape.tied else 1)
+
+
 def hf_weights(module, shape: mmodel.Shape) -> Iterator[tuple[str, torch.Tensor]]:
     """Every Hugging Face weight of the model, full size, on every rank (see the module doc)."""
     import torch.distributed as dist

@@ -38,6 +38,42 @@ class TrainRun:
         path = self.root / "sync_probe.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def trace(self) -> list[dict]:
+        """OPPO's per-step trace: the groups trained, carried and their tokens."""
+        return [json.loads(line) for line in (self.root / "oppo_trace.jsonl").read_text().splitlines()]
+
+
+def _check_resumed_ledger(run_a: TrainRun, run_b: TrainRun) -> None:
+    """Run B resumed from run A's checkpoint after A's last traced step, with groups carried
+    there: across both runs every admitted group was trained exactly once or is still in
+    flight, the carried groups were trained in B (or are in flight) and resumed with every
+    token they had, decoded by A's policy up to the checkpoint and by the checkpoint's after."""
+    trace_a, trace_b = run_a.trace(), run_b.trace()
+    at_checkpoint = trace_a[-1]
+    assert trace_b[0]["step"] == at_checkpoint["step"] + 1
+    assert at_checkpoint["carried_groups"], "nothing was carried at the checkpoint; the test proves nothing"
+    trained = [g for row in trace_a + trace_b for g in row["trained"]]
+    ids = [g["group_id"] for g in trained]
+    assert len(ids) == len(set(ids)), "a group was trained twice across the restart"
+    in_flight = set(trace_b[-1]["carried_groups"])
+    assert set(ids) | in_flight == set(range(trace_b[-1]["next_prompt_index"])) and not in_flight & set(ids)
+    samples_b = {s["sample_id"]: s for row in trace_b for g in row["trained"] for s in g["samples"]}
+    version = at_checkpoint["step"] + 1  # the checkpoint's policy
+    for sid, held in at_checkpoint["carried_tokens"].items():
+        if int(sid) in samples_b:
+            sample = samples_b[int(sid)]
+            assert sample["tokens"][: len(held)] == held
+            # (a carried group may also be complete already: first-B takes B of the complete ones)
+            assert all(v < version for v in sample["versions"][: len(held)])
+            assert set(sample["versions"][len(held):]) <= {version}
+    assert set(at_checkpoint["carried_groups"]) <= {g["group_id"] for g in trained} | in_flight
+
+
+@pytest.fixture(scope="session")
+def check_resumed_ledger():
+    """`_check_resumed_ledger(run_a, run_b)`, for the resume tests of both training backends."""
+    return _check_resumed_ledger
+
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> Path:

@@ -19,10 +19,6 @@ OPPO_KEYS = (
 )
 
 
-def _trace(run) -> list[dict]:
-    return [json.loads(line) for line in (run.root / "oppo_trace.jsonl").read_text().splitlines()]
-
-
 def _metrics(run) -> list[dict]:
     return [json.loads(line) for line in (run.root / "oppo_metrics.jsonl").read_text().splitlines()]
 
@@ -57,7 +53,7 @@ def test_oppo_run_logs_oppo_metrics_every_step(oppo_run):
 def test_the_pass_trains_every_prompt_exactly_once_in_openrlhfs_step_count(oppo_run):
     """One pass over the 16 prompts is OpenRLHF's one episode: 16 / B = 4 steps (its
     max_steps and LR schedule), groups carried inside the pass, none left at its end."""
-    trace = _trace(oppo_run)
+    trace = oppo_run.trace()
     trained = [g["group_id"] for row in trace for g in row["trained"]]
     assert len(trained) == len(set(trained)), "a group was trained twice"
     assert sorted(trained) == list(range(16)) == list(range(trace[-1]["next_prompt_index"]))
@@ -71,7 +67,7 @@ def test_carried_samples_keep_their_tokens_and_their_policy_versions(oppo_run):
     Whether a carried sample is still decoding when the weights change depends on timing
     here (stragglers mostly finish while the actor trains, and first-B may carry complete
     groups); the timeline test checks that versions change exactly across a sync."""
-    trace = _trace(oppo_run)
+    trace = oppo_run.trace()
     trained = {s["sample_id"]: (row["step"], s) for row in trace for g in row["trained"] for s in g["samples"]}
     checked = 0
     for row in trace:
@@ -104,7 +100,7 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
         value_head_prefix="score",
     ).eval()
     compared = 0
-    for row in _trace(oppo_run):
+    for row in oppo_run.trace():
         for g in row["trained"]:
             for s in g["samples"]:
                 seq = torch.tensor([g["prompt_ids"] + s["tokens"]])
@@ -129,7 +125,7 @@ def test_delta_zero_and_no_streaming_runs_synchronous_ppo_in_openrlhf(train_runs
     own reward forward (no streaming actor)."""
     run = train_runs("oppo", *SYNC_LIKE)
     assert run.returncode == 0, run.failure()
-    trace = _trace(run)
+    trace = run.trace()
     assert len(trace) == 4
     next_index = 0
     for row in trace:
@@ -170,7 +166,8 @@ def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs, 
         assert oppo_tb[tag] == pytest.approx(sync_tb[tag], rel=1e-5, abs=1e-7), tag
 
 
-def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(train_runs, tmp_path_factory, monkeypatch):
+def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(train_runs, tmp_path_factory, monkeypatch,
+                                                                             check_resumed_ledger):
     """Run A (8 prompts) checkpoints after step 0 with groups still carried and is killed
     there (crash injection); run B loads the checkpoint, finishes the pass and goes on for
     another one. Across both runs every admitted group is trained exactly once or still in
@@ -193,28 +190,8 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
         output=tmp_path_factory.mktemp("resume-b"),
     )
     assert run_b.returncode == 0, run_b.failure()
-    trace_a, trace_b = _trace(run_a), _trace(run_b)
-    assert [r["step"] for r in trace_a] == [0] and [r["step"] for r in trace_b] == [1, 2, 3]
-    at_checkpoint = trace_a[-1]
-    assert at_checkpoint["carried_groups"], "nothing was carried at the checkpoint; the test proves nothing"
-
-    trained = [g for row in trace_a + trace_b for g in row["trained"]]
-    ids = [g["group_id"] for g in trained]
-    assert len(ids) == len(set(ids)), "a group was trained twice across the restart"
-    in_flight = set(trace_b[-1]["carried_groups"])
-    assert set(ids) | in_flight == set(range(trace_b[-1]["next_prompt_index"])) and not in_flight & set(ids)
-
-    samples_b = {s["sample_id"]: s for row in trace_b for g in row["trained"] for s in g["samples"]}
-    for sid, held in at_checkpoint["carried_tokens"].items():
-        if int(sid) in samples_b:
-            sample = samples_b[int(sid)]
-            assert sample["tokens"][: len(held)] == held
-            # decoded by policy 0 in A up to the checkpoint; on in B with the checkpoint's weights (1).
-            # (A carried group may also be complete already: first-B takes B of the complete ones.)
-            assert set(sample["versions"][: len(held)]) <= {0} and set(sample["versions"][len(held) :]) <= {1}
-    assert {g for g in at_checkpoint["carried_groups"]} <= {
-        g["group_id"] for row in trace_b for g in row["trained"]
-    } | in_flight
+    assert [r["step"] for r in run_a.trace()] == [0] and [r["step"] for r in run_b.trace()] == [1, 2, 3]
+    check_resumed_ledger(run_a, run_b)
 
     # the ledger of A then B (a restart after A's step 1) accounts for every group
     from openrlhf_oppo.core import ledger

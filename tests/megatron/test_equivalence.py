@@ -89,7 +89,8 @@ SLOW = pytest.mark.slow
                                               pytest.param(1, 1, 2, marks=SLOW)],
                          ids=["tp1", "tp2", "pp2", "dp2"])
 def test_one_ppo_step_equals_openrlhfs_actor(case_and_reference, tp, pp, dp):
-    from openrlhf_oppo.megatron import equivalence
+    from openrlhf_oppo.megatron import equivalence, export
+    from openrlhf_oppo.megatron.model import Shape
 
     case, ref = case_and_reference
     got = equivalence.megatron_step(case, tp, pp, port=_free_port(), dp=dp)
@@ -102,6 +103,7 @@ def test_one_ppo_step_equals_openrlhfs_actor(case_and_reference, tp, pp, dp):
     # the weights under Hugging Face names, gathered from the shards (what the vLLM sync and the
     # export send): the loaded ones exactly, and the updated ones as OpenRLHF's step left them
     assert got["loaded"].keys() == case.hf_state.keys() == got["weights"].keys()
+    assert len(got["loaded"]) == export.weight_count(Shape.of(case.hf_config))  # the GPU sync's count
     assert all(torch.equal(got["loaded"][k], case.hf_state[k]) for k in case.hf_state)
     assert max((got["weights"][k] - ref["weights"][k]).abs().max().item() for k in case.hf_state) < TOL_WEIGHTS
     assert min((ref["weights"][k] - case.hf_state[k]).abs().max().item() for k in case.hf_state) > 10 * TOL_WEIGHTS

@@ -46,6 +46,22 @@ STREAMING_REFERENCE_INCOMPATIBLE = {
     "--ds.load_in_4bit": "the streaming reference actors load the reference in --ds.param_dtype, not 4-bit",
 }
 
+# refused with --oppo.megatron.enable (the Megatron actor trains padded text batches with Adam)
+MEGATRON_INCOMPATIBLE = {
+    "--train.colocate_all": "the Megatron actor syncs weights through OpenRLHF's NCCL group, not CUDA IPC: "
+                            "place vLLM on GPUs of its own",
+    "--ds.enable_sleep": "the Megatron actor has no sleep mode",
+    "--ds.tensor_parallel_size": "the Megatron actor's tensor parallelism is --oppo.megatron.tensor_parallel_size",
+    "--ds.ring_attn_size": "the Megatron actor has no ring attention",
+    "--ds.packing_samples": "the Megatron actor trains padded batches",
+    "--train.dynamic_batch_enable": "the Megatron actor trains micro-batches of --train.micro_batch_size samples",
+    "--train.enable_ema": "the Megatron actor keeps no EMA copy",
+    "--ds.lora.rank": "the Megatron actor trains every weight",
+    "--ds.load_in_4bit": "the Megatron actor loads the checkpoint in --ds.param_dtype",
+    "--actor.entropy_coef": "the Megatron actor's loss is OpenRLHF's PPO and KL losses only",
+    "--actor.aux_loss_coef": "the Megatron actor maps dense models only",
+}
+
 
 def streams_rewards(argv: list[str], cfg: oppo_config.OppoConfig) -> bool:
     """Whether OPPO's streaming reward actors take the place of OpenRLHF's reward group: a
@@ -107,9 +123,26 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
             if _given(flag, argv):
                 raise ValueError(f"{flag} cannot be combined with --oppo.streaming.enable: {why}; "
                                  f"--oppo.streaming.enable false scores with OpenRLHF's own reward forward")
+    if cfg.megatron.enable:
+        _check_megatron(argv, cfg.megatron)
     if _given("--eval.dataset", argv) and not _given("--reward.remote_url", argv):
         raise ValueError("--eval.dataset needs --reward.remote_url: OpenRLHF scores eval samples in the rollout "
                          "engines with a rule-based or remote reward only")
+
+
+def _check_megatron(argv: list[str], megatron: oppo_config.MegatronConfig) -> None:
+    for flag, why in MEGATRON_INCOMPATIBLE.items():
+        if _given(flag, argv):
+            raise ValueError(f"{flag} cannot be combined with --oppo.megatron.enable: {why}")
+    optim = _value("--actor.optim", argv)
+    if optim not in (None, "adam"):
+        raise ValueError(f"--actor.optim {optim} cannot be combined with --oppo.megatron.enable: "
+                         "the Megatron actor trains with Adam")
+    nodes, gpus = _value("--actor.num_nodes", argv), _value("--actor.num_gpus_per_node", argv)
+    if nodes is not None and gpus is not None and (int(nodes) * int(gpus)) % megatron.model_parallel_size:
+        raise ValueError(f"--oppo.megatron.tensor_parallel_size {megatron.tensor_parallel_size} x "
+                         f"--oppo.megatron.pipeline_parallel_size {megatron.pipeline_parallel_size} must divide the "
+                         f"actor's {int(nodes) * int(gpus)} ranks (--actor.num_nodes x --actor.num_gpus_per_node)")
 
 
 def _value(flag: str, argv: list[str]) -> str | None:
@@ -238,6 +271,6 @@ def run_openrlhf(cfg: oppo_config.OppoConfig, rest: list[str]) -> None:
     if not ray.is_initialized():
         # the trainer actor reads the OPPO config from these env vars
         ray.init(runtime_env={"env_vars": driver_env_vars(os.environ)})
-    patch_driver(streams_rewards(rest, cfg), "reference" in cfg.streaming.scorers())
+    patch_driver(streams_rewards(rest, cfg), "reference" in cfg.streaming.scorers(), cfg.megatron.enable)
     sys.argv = [OPENRLHF_MODULE, *rest]
     runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)

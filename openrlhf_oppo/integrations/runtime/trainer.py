@@ -179,7 +179,7 @@ class OppoPPOTrainerImpl(_BASE):
 OppoPPOTrainer = ray.remote(OppoPPOTrainerImpl)
 
 
-def patch_driver(stream_rewards: bool, stream_reference: bool = False) -> None:
+def patch_driver(stream_rewards: bool, stream_reference: bool = False, megatron: bool = False) -> None:
     """Swap the names in the driver, before `train_ppo_ray.train` runs (and imports them)."""
     _ppo_trainer.PPOTrainer = OppoPPOTrainer
     _vllm_engine.RolloutRayActor = OppoRolloutRayActor
@@ -187,3 +187,9 @@ def patch_driver(stream_rewards: bool, stream_reference: bool = False) -> None:
         _launcher.RewardModelActor = StreamingRewardModelRayActor
     if stream_reference:
         _launcher.ReferenceModelActor = StreamingReferenceModelRayActor
+    if megatron:
+        from openrlhf.trainer.ray import ppo_actor
+
+        from openrlhf_oppo.megatron.ray_actor import MegatronPolicyModelRayActor
+
+        ppo_actor.PolicyModelActor = MegatronPolicyModelRayActor

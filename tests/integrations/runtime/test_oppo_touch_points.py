@@ -7,6 +7,7 @@ CPU compat layer (flash-attn stand-in) where CUDA is absent.
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -251,6 +252,12 @@ REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
     (["--ds.load_in_4bit"], r"--ds\.load_in_4bit cannot be combined with --oppo\.streaming\.reference true",
      ["--oppo.streaming.reference", "true", "--oppo.streaming.reward", "false"]),
     (["--rollout.vllm_generate_batch_size", "8"], r"--rollout\.vllm_generate_batch_size cannot be combined", []),
+    *[([flag, *value], re.escape(flag) + r" cannot be combined with --oppo\.megatron\.enable",
+       ["--oppo.megatron.enable", "true", "--oppo.streaming.enable", "false"])
+      for flag, *value in (["--train.colocate_all"], ["--ds.enable_sleep"], ["--ds.tensor_parallel_size", "2"],
+                           ["--ds.ring_attn_size", "2"], ["--ds.packing_samples"], ["--train.dynamic_batch_enable"],
+                           ["--train.enable_ema"], ["--ds.lora.rank", "8"], ["--ds.load_in_4bit"],
+                           ["--actor.entropy_coef", "0.01"], ["--actor.aux_loss_coef", "0.01"])],
 ]
 
 
@@ -270,7 +277,22 @@ def test_the_refusal_tables_are_all_tested():
 
     tested = {r[0][0] for r in REFUSALS}
     assert (set(train_ppo_ray.INCOMPATIBLE_FLAGS) | set(train_ppo_ray.STREAMING_REWARD_INCOMPATIBLE)
-            | set(train_ppo_ray.STREAMING_REFERENCE_INCOMPATIBLE)) <= tested
+            | set(train_ppo_ray.STREAMING_REFERENCE_INCOMPATIBLE) | set(train_ppo_ray.MEGATRON_INCOMPATIBLE)) <= tested
+
+
+def test_megatron_refuses_another_optimizer_and_a_group_its_parallel_sizes_do_not_divide():
+    from openrlhf_oppo.cli import train_ppo_ray
+
+    on = ["--oppo.megatron.enable", "true", "--oppo.megatron.tensor_parallel_size", "2"]
+    cfg, rest = train_ppo_ray.parse([*on, "--actor.optim", "muon"])
+    with pytest.raises(ValueError, match=r"--actor\.optim muon cannot be combined with --oppo\.megatron\.enable"):
+        train_ppo_ray.check_flags(rest, cfg)
+    cfg, rest = train_ppo_ray.parse([*on, "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "3"])
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 2 x .*pipeline_parallel_size 1 must divide the "
+                                         r"actor's 3 ranks"):
+        train_ppo_ray.check_flags(rest, cfg)
+    cfg, rest = train_ppo_ray.parse([*on, "--actor.num_nodes", "2", "--actor.num_gpus_per_node", "1"])
+    train_ppo_ray.check_flags(rest, cfg)  # 2 ranks: one tensor-parallel pair
 
 
 def test_what_oppo_accepts_that_it_used_to_refuse():
