@@ -110,11 +110,11 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.models.Actor", "called", "megatron.equivalence"),
     # the Megatron actor in place of OpenRLHF's policy actor (--oppo.megatron.enable)
     _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor", "swapped", "integrations.runtime.trainer"),
-    _T("openrlhf.trainer.ray.launcher.BaseModelActor.execute_batch", "subclassed", "megatron.ray_actor"),
-    _T("openrlhf.trainer.ray.launcher.RayActorGroup.async_run_method_batch", "called", "megatron.ray_actor"),
-    _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer._init_vllm_sync_group", "called", "megatron.ray_actor"),
-    _T("openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer", "called", "megatron.ray_actor"),
-    _T("openrlhf.utils.get_tokenizer", "called", "megatron.ray_actor"),
+    _T("openrlhf.trainer.ray.launcher.BaseModelActor.execute_batch", "subclassed", "integrations.runtime.megatron_actor"),
+    _T("openrlhf.trainer.ray.launcher.RayActorGroup.async_run_method_batch", "called", "integrations.runtime.megatron_actor"),
+    _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer._init_vllm_sync_group", "called", "integrations.runtime.megatron_actor"),
+    _T("openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer", "called", "integrations.runtime.megatron_actor"),
+    _T("openrlhf.utils.get_tokenizer", "called", "integrations.runtime.megatron_actor"),
 )
 
 

@@ -97,7 +97,11 @@ def test_weight_sync_touch_points_have_the_upstream_signatures():
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     assert list(inspect.signature(ActorPPOTrainer._init_vllm_sync_group).parameters) == ["self", "backend"]
-    assert "engine.update_weight.remote(" in inspect.getsource(ActorPPOTrainer.broadcast_to_vllm)
+    # upstream's source (the class attribute is OPPO's once compat.apply() has run)
+    module = "openrlhf.trainer.ray.ppo_actor"
+    source = importlib.util.find_spec(module).loader.get_source(module)
+    upstream_sync = source[source.index("    def broadcast_to_vllm(self):") : source.index("class PolicyModelActor")]
+    assert "engine.update_weight.remote(" in upstream_sync
     worker_sig = inspect.signature(vllm_worker_wrap.WorkerWrap.update_weight)
     assert list(worker_sig.parameters) == ["self", "name", "dtype", "shape", "empty_cache"]
     engine_src = inspect.getsource(RolloutRayActor.__ray_actor_class__.update_weight)

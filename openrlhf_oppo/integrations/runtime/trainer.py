@@ -190,6 +190,6 @@ def patch_driver(stream_rewards: bool, stream_reference: bool = False, megatron:
     if megatron:
         from openrlhf.trainer.ray import ppo_actor
 
-        from openrlhf_oppo.megatron.ray_actor import MegatronPolicyModelRayActor
+        from openrlhf_oppo.integrations.runtime.megatron_actor import MegatronPolicyModelRayActor
 
         ppo_actor.PolicyModelActor = MegatronPolicyModelRayActor
