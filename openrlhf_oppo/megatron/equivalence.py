@@ -60,7 +60,8 @@ def reference_step(case: Case) -> dict:
     no_mesh = type("Strategy", (), {})()  # one data-parallel rank: no device mesh
     for mb, norm in iter_grad_accum_global_norm(case.batches, no_mesh, gas, lambda mb: mb.action_mask):
         lp = actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask)
-        loss = loss_fn(lp, mb.old_log_probs, mb.advantages, action_mask=mb.action_mask, **norm)[0]
+        loss = loss_fn(lp, mb.old_log_probs, mb.advantages, action_mask=mb.action_mask,
+                       rollout_log_probs=mb.rollout_log_probs, **norm)[0]
         if s.kl_coef > 0:
             kl = compute_approx_kl(lp, mb.base_log_probs, log_probs_old=mb.old_log_probs, kl_estimator=s.kl_estimator)
             loss = loss + aggregate_loss(kl, mb.action_mask, **norm) * s.kl_coef

@@ -122,6 +122,27 @@ def test_a_resumed_run_takes_the_step_an_unbroken_one_takes(case_and_reference, 
                                                                          "model_tp1_pp0.pt"]
 
 
+def test_the_importance_sampling_correction_is_openrlhfs(case_and_reference):
+    """TP = 2 with OpenRLHF's token-level TIS (what `--oppo.staleness.correction tis` sets):
+    the rollout log-probs (vLLM's) reach the loss, whose value the correction changes."""
+    import dataclasses
+
+    from openrlhf_oppo.megatron import equivalence
+
+    case, plain = case_and_reference
+    tis = dict(is_correction_level="token", is_correction_mode="clip", is_correction_threshold=[0.5, 1.05])
+    batches = [dataclasses.replace(mb, rollout_log_probs=mb.old_log_probs - 0.3 * mb.action_mask)
+               for mb in case.batches]
+    corrected = equivalence.Case(case.hf_config, case.hf_state, batches,
+                                 dataclasses.replace(case.settings, loss_kwargs=tis))
+    ref = equivalence.reference_step(corrected)
+    got = equivalence.megatron_step(corrected, 2, 1, port=_free_port())
+    assert abs(ref["loss"] - plain["loss"]) > 100 * TOL_REL * abs(plain["loss"])  # the correction acted
+    assert got["loss"] == pytest.approx(ref["loss"], rel=TOL_REL)
+    assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=TOL_REL)
+    assert _max_diff(got["after"], ref["after"]) < TOL_AFTER
+
+
 def test_in_bf16_the_step_stays_within_bf16s_own_rounding(case_and_reference):
     """TP = 2 in bf16 (Megatron's bf16 path: bf16 weights, fp32 main weights and gradient
     reduction in the distributed optimizer) against the fp32 step. The floor is how far the

@@ -75,7 +75,7 @@ def test_every_setup_has_a_script():
     names = {p.name for p in SCRIPTS}
     assert {"train_oppo_qwen2.5_7b_8gpu.sh", "train_oppo_gsm8k_grpo.sh", "train_oppo_gsm8k_ppo.sh",
             "train_oppo_3b_8xa100.sh", "train_oppo_multinode.sh", "train_oppo_slurm.sh",
-            "train_oppo_qwen2.5_7b_hybrid.sh"} <= names
+            "train_oppo_qwen2.5_7b_hybrid.sh", "train_oppo_qwen2.5_72b_megatron.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -154,6 +154,30 @@ def gpus_reserved(args: dict) -> int:
     elif with_rm:
         total += group("reward")
     return total
+
+
+def test_the_72b_megatron_preset_fills_64_gpus_and_its_parallel_sizes_fit_qwen2_5_72b(monkeypatch):
+    """The 72B script's command parses (as every script's), reserves the 8 nodes x 8 GPUs it
+    names, trains the actor with Megatron at TP 8 x PP 4 over its 32 ranks, and those sizes
+    divide Qwen2.5-72B's heads, key/value heads, vocabulary, MLP width and layers (its
+    config.json's numbers, built in code: nothing is downloaded)."""
+    from transformers import Qwen2Config
+
+    from openrlhf_oppo.megatron.model import Shape
+
+    monkeypatch.chdir(REPO)
+    script = REPO / "examples" / "scripts" / "train_oppo_qwen2.5_72b_megatron.sh"
+    cfg, rest = driver.parse(training_argv(dry_run(script)))
+    driver.check_flags(rest, cfg)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    assert gpus_reserved(args) == 64
+    assert cfg.megatron.enable and (cfg.megatron.tensor_parallel_size, cfg.megatron.pipeline_parallel_size) == (8, 4)
+    assert args["actor.num_nodes"] * args["actor.num_gpus_per_node"] == cfg.megatron.model_parallel_size
+    qwen_72b = Qwen2Config(vocab_size=152064, hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,
+                           num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=32768)
+    Shape.of(qwen_72b).check_parallel(cfg.megatron.tensor_parallel_size, cfg.megatron.pipeline_parallel_size)
+    with pytest.raises(ValueError, match=r"pipeline-parallel size 3 must divide the layers \(80\)"):
+        Shape.of(qwen_72b).check_parallel(8, 3)
 
 
 def test_the_readme_gpu_example_fits_the_one_8_gpu_node_it_names():
