@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def action_log_probs(logits: torch.Tensor, mb: MicroBatch, temperature: float) -
 class MegatronActor:
     """This rank's shard of the actor with its DDP wrapper and distributed optimizer."""
 
-    def __init__(self, hf_config, hf_state: dict[str, torch.Tensor], settings: Settings):
+    def __init__(self, hf_config, hf_state: Mapping[str, torch.Tensor], settings: Settings):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from openrlhf.models.loss import PolicyLoss

@@ -11,6 +11,8 @@ back its weights and OPPO's carried groups, and that the trained actor is saved 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -60,6 +62,13 @@ def test_a_resumed_megatron_run_trains_every_group_once_and_syncs_its_weights(me
     assert probes_b[0]["token_ids"] == probes_a[-1]["token_ids"]
     assert probes_b[0]["logprobs"] == pytest.approx(probes_a[-1]["logprobs"], abs=1e-6)
     assert any(p["logprobs"] != probes_a[-1]["logprobs"] for p in probes_b[1:])
+    # the update's statistics reach TensorBoard under OpenRLHF's names, one a step
+    from openrlhf_oppo.bench.schedules import tensorboard_scalars
+
+    scalars = tensorboard_scalars(run_b.root / "tensorboard")
+    for tag in ("train/policy_loss", "train/actor_grad_norm", "train/actor_lr", "train/ppo_clip_ratio"):
+        values = [v for _, _, v in scalars.get(tag, [])]
+        assert len(values) == 3 and all(math.isfinite(v) for v in values), (tag, values)
 
 
 def test_the_trained_megatron_actor_is_saved_as_a_hugging_face_checkpoint(megatron_runs, tiny_assets):

@@ -66,3 +66,23 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_both(tmp_path):
         MegatronActor.load(now, tmp_path)
     with pytest.raises(FileNotFoundError, match="no layout.json"):
         MegatronActor.load(now, tmp_path / "missing")
+
+
+@pytest.mark.parametrize("shard_size", [None, "20KB"], ids=["one-file", "sharded"])
+def test_a_checkpoints_weights_are_read_one_at_a_time_from_its_safetensors(tmp_path, shard_size):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, tie_word_embeddings=False)
+    hf = Qwen2ForCausalLM(cfg)
+    hf.save_pretrained(tmp_path, **({"max_shard_size": shard_size} if shard_size else {}))
+    assert len(list(tmp_path.glob("*.safetensors"))) == (1 if shard_size is None else 6)
+    weights, state = model.SafetensorsWeights(tmp_path), hf.state_dict()
+    assert set(weights) == set(state) and len(weights) == len(state)
+    assert all(torch.equal(weights[name], state[name]) for name in state)
+
+
+def test_a_checkpoint_without_safetensors_is_refused_by_name(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"holds no safetensors weights"):
+        model.SafetensorsWeights(tmp_path)

@@ -16,7 +16,6 @@ group's data-parallel rank trains on the union of its ranks' chunks.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -34,36 +33,33 @@ CLIENT_STATES = "client_states.pt"  # the trainer's state (steps, data loader, O
 
 class MegatronPolicyModelActor(BaseModelActor):
     def init_model_from_pretrained(self, strategy, pretrain: str, max_steps: int | None = None, vllm_engines=None):
-        from openrlhf.models.loss import PolicyLoss  # noqa: F401  (OpenRLHF's CPU patches first)
         from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
         from openrlhf.utils import get_tokenizer
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         from openrlhf_oppo.integrations.runtime.run_config import config_from_env
         from openrlhf_oppo.megatron import parallel
         from openrlhf_oppo.megatron.engine import MegatronActor
+        from openrlhf_oppo.megatron.model import SafetensorsWeights
 
         self._setup_distributed(strategy)  # torch.distributed over the group's ranks
         args = self.args = strategy.args
         self.vllm_engines = vllm_engines
         self.megatron = config_from_env().megatron
         self.hf_config = AutoConfig.from_pretrained(pretrain)
-        hf = AutoModelForCausalLM.from_pretrained(pretrain, torch_dtype=torch.float32)
-        self.tokenizer = get_tokenizer(pretrain, hf, "left", strategy, use_fast=not args.data.disable_fast_tokenizer)
-        with self._megatron():
+        self.tokenizer = get_tokenizer(pretrain, None, "left", strategy, use_fast=not args.data.disable_fast_tokenizer)
+        with on_cpu():
             parallel.initialize(self.megatron.tensor_parallel_size, self.megatron.pipeline_parallel_size,
                                 seed=args.train.seed)
-            self.actor = MegatronActor(self.hf_config, hf.state_dict(), _settings(args, self.tokenizer))
-        del hf
+            self.actor = MegatronActor(self.hf_config, SafetensorsWeights(pretrain), _settings(args, self.tokenizer))
         self.scheduler = _lr_schedule(args, max_steps)
         self.buffer = NaiveReplayBuffer(args.train.micro_batch_size, 0, True, False, False)
-        self.fits = 0
         self.checkpoint_states = {}
         root = Path(args.ckpt.path) / CKPT_DIR
         if args.ckpt.load_enable and (root / LATEST).is_file():
             tag = (root / LATEST).read_text().strip()
             strategy.print(f"Loading the Megatron checkpoint: {root / tag}")
-            with self._megatron():
+            with on_cpu():
                 self.actor.load(root / tag)
             self.checkpoint_states = torch.load(root / tag / CLIENT_STATES, weights_only=False)
             for _ in range(self.checkpoint_states.get("optimizer_steps", 0)):
@@ -72,12 +68,6 @@ class MegatronPolicyModelActor(BaseModelActor):
             from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
             ActorPPOTrainer._init_vllm_sync_group(self, getattr(args.vllm, "sync_backend", "nccl"))
-
-    @contextlib.contextmanager
-    def _megatron(self):
-        """Megatron-Core on this thread (on a CPU host, under the CUDA shim)."""
-        with on_cpu():
-            yield
 
     # ------------------------------------------------------------------ batches from OpenRLHF
 
@@ -105,7 +95,7 @@ class MegatronPolicyModelActor(BaseModelActor):
         from openrlhf_oppo.megatron.engine import MicroBatch
 
         mb = MicroBatch(sequences, attention_mask, action_mask.bool())
-        with timeline.RECORDER.timed("actor", "old_logprobs"), self._megatron():
+        with timeline.RECORDER.timed("actor", "old_logprobs"), on_cpu():
             out = self.actor.log_probs([mb])
             return _from_last_stage(out[0] if out else None, tuple(action_mask.shape))
 
@@ -124,13 +114,14 @@ class MegatronPolicyModelActor(BaseModelActor):
         args = self.args
         self.actor.settings.kl_coef = kl_ctl if args.algo.kl.use_loss else 0.0
         items = self.buffer.items
-        order = torch.randperm(len(items), generator=torch.Generator().manual_seed(args.train.seed + self.fits))
+        # one order on every rank of the model-parallel group, a new one each pass and step
+        shuffle = torch.Generator().manual_seed(args.train.seed + self.scheduler.last_epoch)
         mbs = args.train.micro_batch_size
         accumulation = max(1, args.train.batch_size // (mbs * ps.get_data_parallel_world_size()))
         steps = []
-        with timeline.RECORDER.timed("actor", "train"), self._megatron():
+        with timeline.RECORDER.timed("actor", "train"), on_cpu():
             for _ in range(args.train.max_epochs):
-                shuffled = [items[i] for i in order.tolist()]
+                shuffled = [items[i] for i in torch.randperm(len(items), generator=shuffle).tolist()]
                 batches = [_micro_batch(self.buffer.collate_fn(shuffled[i:i + mbs]))
                            for i in range(0, len(shuffled) - mbs + 1, mbs)]
                 for i in range(0, len(batches), accumulation):
@@ -139,9 +130,8 @@ class MegatronPolicyModelActor(BaseModelActor):
                         group["lr"] = lr
                     steps.append(self.actor.train_step(batches[i:i + accumulation]))
                     self.scheduler.step()
-            status = _from_last_stage_object(_mean(steps))
-        self.fits += 1
-        status.update(_info_means(items))
+            trained = _from_last_stage_object(_mean(steps))
+        status = {**_info_means(items), **trained}  # the update's kl, as OpenRLHF's actor reports it
         status["actor_lr"] = self.scheduler.get_last_lr()[0]
         if "grad_norm" in status:
             status["actor_grad_norm"] = status.pop("grad_norm")
@@ -155,7 +145,7 @@ class MegatronPolicyModelActor(BaseModelActor):
         on a CPU host as OPPO's CPU sync sends them, on GPUs through OpenRLHF's NCCL group."""
         from openrlhf_oppo.megatron import export
 
-        with timeline.RECORDER.timed("actor", "weight_sync"), self._megatron():
+        with timeline.RECORDER.timed("actor", "weight_sync"), on_cpu():
             named = export.hf_weights(self.actor.model.module, self.actor.shape)
             if not torch.cuda.is_available():
                 from openrlhf_oppo.compat.weight_sync import send_weights
@@ -183,7 +173,7 @@ class MegatronPolicyModelActor(BaseModelActor):
     def _save_hf(self, out_dir: str) -> None:
         from openrlhf_oppo.megatron import export
 
-        with self._megatron():
+        with on_cpu():
             export.save_hf(self.actor.model.module, self.actor.shape, self.hf_config, out_dir)
         if torch.distributed.get_rank() == 0:
             self.tokenizer.save_pretrained(out_dir)
@@ -195,7 +185,7 @@ class MegatronPolicyModelActor(BaseModelActor):
         import shutil
 
         root = Path(self.args.ckpt.path) / CKPT_DIR
-        with self._megatron():
+        with on_cpu():
             self.actor.save(root / tag)
         if torch.distributed.get_rank() == 0:
             states = {**(client_states or {}), "optimizer_steps": self.scheduler.last_epoch}
