@@ -131,7 +131,7 @@ class MegatronPolicyModelActor(BaseModelActor):
                     steps.append(self.actor.train_step(batches[i:i + accumulation]))
                     self.scheduler.step()
             trained = _from_last_stage_object(_mean(steps))
-        status = {**_info_means(items), **trained}  # the update's kl, as OpenRLHF's actor reports it
+        status = _dp_mean({**_info_means(items), **trained})  # the update's kl, as OpenRLHF's actor reports it
         status["actor_lr"] = self.scheduler.get_last_lr()[0]
         if "grad_norm" in status:
             status["actor_grad_norm"] = status.pop("grad_norm")
@@ -260,20 +260,29 @@ def _mean(steps: list[dict]) -> dict:
 
 def _info_means(items) -> dict:
     """Each per-sample statistic of the experiences (reward, response length, ...), averaged
-    over this rank's samples and then over the data-parallel ranks."""
-    from megatron.core import parallel_state as ps
-
+    over this rank's samples (then over the data-parallel ranks, by `_dp_mean`)."""
     sums: dict[str, float] = {}
     for item in items:
         for key, value in item.info.items():
             if isinstance(value, torch.Tensor):
                 sums[key] = sums.get(key, 0.0) + float(value.float().mean())
-    keys = sorted(sums)
-    means = torch.tensor([sums[k] / max(1, len(items)) for k in keys], dtype=torch.float64)
-    if ps.get_data_parallel_world_size() > 1:
-        torch.distributed.all_reduce(means, group=ps.get_data_parallel_group(with_context_parallel=False))
-        means /= ps.get_data_parallel_world_size()
-    return dict(zip(keys, means.tolist(), strict=True))
+    return {key: total / max(1, len(items)) for key, total in sums.items()}
+
+
+def _dp_mean(stats: dict) -> dict:
+    """The mean over the data-parallel ranks of each rank's statistics (the same keys on every
+    rank). A rank's loss is its tokens' share of the step's token mean times the data-parallel
+    size (OpenRLHF's normalisation), so this mean is the step's token mean."""
+    from megatron.core import parallel_state as ps
+
+    dp = ps.get_data_parallel_world_size()
+    if dp == 1:
+        return stats
+    keys = sorted(stats)
+    values = torch.tensor([stats[k] for k in keys], dtype=torch.float64,
+                          device="cuda" if torch.cuda.is_available() else "cpu")
+    torch.distributed.all_reduce(values, group=ps.get_data_parallel_group())
+    return dict(zip(keys, (values / dp).tolist(), strict=True))
 
 
 def _pipeline_last_rank() -> int:
