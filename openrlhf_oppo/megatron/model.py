@@ -183,13 +183,10 @@ class SafetensorsWeights(Mapping):
     loading the whole model (145 GB for a 72B model in bf16) on every rank."""
 
     def __init__(self, checkpoint: str | Path):
-        """`checkpoint`: a local directory, or a hub id (its safetensors and json files fetched
-        into the Hugging Face cache, as `from_pretrained` would)."""
-        directory = Path(checkpoint)
-        if not directory.is_dir():
-            from huggingface_hub import snapshot_download
+        """`checkpoint`: a local directory, or a hub id (`models.loaders.resolve_model_path`)."""
+        from openrlhf_oppo.models.loaders import resolve_model_path
 
-            directory = Path(snapshot_download(str(checkpoint), allow_patterns=["*.safetensors", "*.json"]))
+        directory = resolve_model_path(checkpoint)
         index = directory / "model.safetensors.index.json"
         if index.is_file():
             names = json.loads(index.read_text())["weight_map"]

@@ -254,8 +254,13 @@ def _micro_batch(exp):
 
 
 def _mean(steps: list[dict]) -> dict:
-    keys = set().union(*steps) if steps else set()
-    return {k: sum(s[k] for s in steps if k in s) / sum(1 for s in steps if k in s) for k in keys}
+    """The mean of each statistic over the optimizer steps (every step of a rank has the same keys)."""
+    return {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]} if steps else {}
+
+
+def _device() -> str:
+    """Where a collective's tensor must be: NCCL takes CUDA tensors, gloo CPU ones."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _info_means(items) -> dict:
@@ -279,8 +284,7 @@ def _dp_mean(stats: dict) -> dict:
     if dp == 1:
         return stats
     keys = sorted(stats)
-    values = torch.tensor([stats[k] for k in keys], dtype=torch.float64,
-                          device="cuda" if torch.cuda.is_available() else "cpu")
+    values = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=_device())
     torch.distributed.all_reduce(values, group=ps.get_data_parallel_group())
     return dict(zip(keys, (values / dp).tolist(), strict=True))
 
@@ -298,7 +302,7 @@ def _from_last_stage(t: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Te
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return t.float().cpu()
     if t is None:
-        t = torch.empty(shape, dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
+        t = torch.empty(shape, dtype=torch.float32, device=_device())
     t = t.float().contiguous()
     torch.distributed.broadcast(t, src=_pipeline_last_rank(), group=ps.get_pipeline_model_parallel_group())
     return t.cpu()
