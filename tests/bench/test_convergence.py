@@ -150,22 +150,6 @@ def read_all(out: Path, text) -> dict[str, dict[int, dict]]:
     return runs
 
 
-# ------------------------------------------------------------------------------ numbers
-
-
-def test_ks_distance_is_the_largest_gap_between_empirical_cdfs():
-    # at 3: 4/4 of the first are <= 3, 2/4 of the second
-    assert convergence.ks_distance([2, 2, 2, 3], [2, 2, 5, 5]) == 0.5
-    assert convergence.ks_distance([1, 2, 3], [3, 2, 1]) == 0.0
-    assert convergence.ks_distance([1, 2], [7, 8, 9]) == 1.0
-    assert convergence.ks_distance([], [1]) is None
-
-
-def test_moving_average_needs_a_full_window():
-    assert convergence.moving_average([0.0, 0.3, 0.6, 0.9], 3) == [None, None, pytest.approx(0.3), pytest.approx(0.6)]
-    assert convergence.moving_average([0.0, None, 0.6, 0.9, 0.3], 3) == [None, None, None, None, pytest.approx(0.6)]
-
-
 def test_read_run_cuts_the_prompt_off_decodes_and_aligns_steps(tmp_path, text):
     run = convergence.read_run(write_run(tmp_path / "oppo-s0", RUNS[("oppo", 0)], text), text)
     assert run["steps"] == 5 and run["time_origin"] == "first driver generate"
@@ -256,6 +240,9 @@ def test_summary_threshold_time_to_reward_ratios_and_seed_band(tmp_path, text):
     assert sync["final_exact_match"] == pytest.approx((0.5, 0.5, 0.5))
     assert oppo["final_exact_match"] == pytest.approx((1.0, 1.0, 1.0))
     assert oppo["mean_offpolicy_token_fraction"] == pytest.approx((0.35, 0.35, 0.35))
+    # every trained response: sync [2, 5] a step; oppo's first step [2, 2] (seed 0) and [2, 3] (seed 1), then [2, 5]
+    assert sync["mean_trained_length"] == pytest.approx((3.5, 3.5, 3.5))
+    assert oppo["mean_trained_length"] == pytest.approx((3.25, 3.2, 3.3))
     assert oppo["mean_vllm_kl"] == pytest.approx((0.02, 0.01, 0.03))
     # moving averages from step 2: oppo's median .55 .8 .85 against sync's band (one value a step) .3 .6 .8
     assert oppo["within_ref_band"] == {"steps": 3, "inside": 0, "outside_steps": [2, 3, 4], "all": False}
@@ -455,10 +442,12 @@ def test_bad_arguments_are_refused_before_any_run(argv, message, capsys, monkeyp
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_oppo_tis_is_the_oppo_schedule_with_tis_correction():
+def test_bench_variants_are_schedules_with_one_flag():
     assert convergence.resolve("oppo-tis") == convergence.Variant("oppo", ("--oppo.staleness.correction", "tis"))
     assert convergence.resolve("oppo-icepop") == convergence.Variant("oppo", ("--oppo.staleness.correction", "icepop"))
     assert convergence.resolve("oppo-none") == convergence.Variant("oppo", ("--oppo.staleness.correction", "none"))
+    defer1 = convergence.Variant("oppo", ("--oppo.staleness.max_deferral_steps", "1"))
+    assert convergence.resolve("oppo-defer1") == defer1
     assert convergence.resolve("partial") == convergence.Variant("partial")
 
 

@@ -59,6 +59,10 @@ def test_final_eval_scores_the_sft_policy_and_each_finished_run_on_the_same_held
     assert rows["sync"]["exact_match"] == (0.75, 0.7, 0.8) and rows["sync"]["mean_reward"] == (1.0, 0.5, 1.5)
     assert rows["oppo"]["runs"] == 1 and rows["oppo"]["exact_match_mid"] == (0.375, 0.375, 0.375)
     assert rows["oppo"]["exact_match_long"] == (None, None, None)  # no long list among the prompts
+    # against the first schedule: one oppo seed, 0.75 inside sync's 0.7-0.8, no p with one value
+    assert fe["reference"] == "sync" and "against_ref" not in rows["sync"]
+    assert rows["oppo"]["against_ref"]["exact_match"] == {"inside_ref_range": True, "mean_diff": pytest.approx(0.0),
+                                                          "p": None}
     (root / "BUILD_OK").unlink()
     assert final_eval.evaluate(str(config), out, runs) is None  # assets not built: said, skipped
 
@@ -71,3 +75,15 @@ def test_heldout_prompts_follow_the_trained_rows(tmp_path):
     assert evaluation.heldout_records(assets, spec, 4) == rows[4:7]
     with pytest.raises(ValueError, match=r"no prompts after the first 10 \(--data.max_samples\)"):
         evaluation.heldout_records(assets, spec, 10)
+
+
+def test_against_the_reference_over_seeds():
+    def figs(*em):
+        return [{"exact_match": e, "mean_reward": 2 * e, "at_cap": None} for e in em]
+
+    got = final_eval.against(figs(0.60, 0.61, 0.62), figs(0.64, 0.65, 0.66))
+    assert got["exact_match"] == {"inside_ref_range": False, "mean_diff": pytest.approx(-0.04),
+                                  "p": pytest.approx(2 / 20)}  # the two most extreme of 20 splits
+    assert got["mean_reward"]["mean_diff"] == pytest.approx(-0.08) and "at_cap" not in got  # no figure, no row
+    assert final_eval.against(figs(0.64, 0.70), figs(0.60, 0.66))["exact_match"]["inside_ref_range"] is False
+    assert final_eval.against(figs(0.61, 0.70), figs(0.60, 0.66))["exact_match"]["inside_ref_range"] is True

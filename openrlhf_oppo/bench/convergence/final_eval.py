@@ -3,8 +3,10 @@ prompts no run trained on (exact match overall and by list length, learned rewar
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
+from openrlhf_oppo.bench.convergence.numbers import permutation_p
 from openrlhf_oppo.bench.convergence.runs import task_root
 from openrlhf_oppo.bench.table import fmt, spread, table_line
 from openrlhf_oppo.tasks import learn
@@ -15,6 +17,8 @@ SAMPLES_PER_PROMPT = 4
 standard error on exact match, as large as the differences to measure."""
 FINAL_EVAL_KEYS = ("exact_match", "mean_reward", "exact_match_mid", "exact_match_long", "median_response_tokens",
                    "at_cap")
+AGAINST_KEYS = ("exact_match", "mean_reward", "at_cap")
+"""Compared with the reference schedule's actors: what was learned, and the loops left (lengths)."""
 
 
 def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> dict | None:
@@ -47,13 +51,31 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
 
     per_actor = {name: figures(e) for name, e in evals.items()}
     rows = [{"schedule": "sft", **{k: spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
-    for name, by_seed in runs.items():
-        figs = [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
+    by_schedule = {name: [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
+                   for name, by_seed in runs.items()}
+    ref = next(iter(runs), None)
+    for name, figs in by_schedule.items():
         if figs:
             rows.append({"schedule": name, "runs": len(figs),
-                         **{k: spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS}})
+                         **{k: spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS},
+                         **({"against_ref": against(figs, by_schedule[ref])} if name != ref else {})})
     return {"prompts": evals["sft"]["prompts"], "samples_per_prompt": SAMPLES_PER_PROMPT, "first_row": trained,
-            "rows": rows, "per_actor": per_actor}
+            "reference": ref, "rows": rows, "per_actor": per_actor}
+
+
+def against(figs: list[dict], ref_figs: list[dict]) -> dict:
+    """For each of AGAINST_KEYS, a schedule's final actors against the reference's, over
+    seeds: whether the schedule's median lies within the reference's min-max, the difference
+    of the means and its two-sided permutation p-value (`numbers.permutation_p`)."""
+    out = {}
+    for k in AGAINST_KEYS:
+        a = [f[k] for f in figs if f[k] is not None]
+        b = [f[k] for f in ref_figs if f[k] is not None]
+        if not a or not b:
+            continue
+        out[k] = {"inside_ref_range": min(b) <= statistics.median(a) <= max(b),
+                  "mean_diff": statistics.fmean(a) - statistics.fmean(b), "p": permutation_p(a, b)}
+    return out
 
 
 def print_table(fe: dict) -> None:
@@ -67,4 +89,19 @@ def print_table(fe: dict) -> None:
         cells = [r["schedule"], fmt(r["exact_match"], ".3f"), fmt(r["mean_reward"], ".3f"),
                  fmt(r["exact_match_mid"], ".3f"), fmt(r["exact_match_long"], ".3f"),
                  fmt(r["median_response_tokens"], ".0f"), fmt(r.get("at_cap"), ".3f")]
+        print(table_line(cells, widths))
+    compared = [r for r in fe["rows"] if r.get("against_ref")]
+    if not compared:
+        return
+    print(f"against {fe['reference']}, over seeds: is the median within {fe['reference']}'s min-max, the difference "
+          f"of the means, its two-sided permutation p")
+    widths = [11, 26, 26, 26]
+    print(table_line(["actor", "exact match", "learned reward", "at cap"], widths))
+    for r in compared:
+        cells = [r["schedule"]]
+        for k in AGAINST_KEYS:
+            c = r["against_ref"].get(k)
+            p = "-" if c is None or c["p"] is None else f"{c['p']:.2f}"
+            cells.append("-" if c is None else
+                         f"{'within' if c['inside_ref_range'] else 'OUTSIDE'} {c['mean_diff']:+.3f} p {p}")
         print(table_line(cells, widths))

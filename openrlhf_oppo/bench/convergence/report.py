@@ -20,7 +20,7 @@ def print_report(summary: dict) -> None:
     ref = summary["reference"]
     cols = [("schedule", 11), ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
             (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("gain over SFT", 22),
-            ("gain in band", 12), ("offpol", 6)]
+            ("gain in band", 12), ("trained len", 17), ("offpol", 6)]
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
     for r in summary["rows"]:
@@ -29,6 +29,7 @@ def print_report(summary: dict) -> None:
                  fmt(r["final_exact_match"], ".2f"),
                  _band_cell(r["within_ref_band"]),
                  fmt(r["final_reward_gain"], "+.3f"), _band_cell(r["gain_within_ref_band"]),
+                 fmt(r["mean_trained_length"], ".1f"),
                  fmt(r["mean_offpolicy_token_fraction"], ".2f", False)]
         print(table_line(cells, widths))
     thr, window = summary["threshold"], summary["window_steps"]
@@ -42,7 +43,8 @@ def print_report(summary: dict) -> None:
           f"that learns exactly as {ref} does falls outside at some steps by chance: at 40 % of them with 3 "
           f"seeds each); gain over SFT: the reward minus the SFT policy's mean reward on the same prompts "
           f"(data/sft_baseline.jsonl), last {window} steps: learning, not which prompts the steps drew; gain in "
-          f"band: as 'in {ref} band', of that gain; offpol: mean off-policy token fraction (OPPO)")
+          f"band: as 'in {ref} band', of that gain; trained len: mean response tokens of every trained sample; "
+          f"offpol: mean off-policy token fraction (OPPO)")
 
 
 def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Path]:

@@ -22,9 +22,11 @@ class Variant:
     flags: tuple[str, ...] = ()
 
 
-# Bench-level variants: a flag of an existing schedule, not a schedule of the product.
-VARIANTS = {f"{s}-{c}": Variant(s, ("--oppo.staleness.correction", c))
-            for s in ("oppo", "oppo-async") for c in ("none", "tis", "icepop")}
+# Bench-level variants: a flag of an existing schedule, not a schedule of the product: an
+# importance-sampling correction, or a deferral bound of 1 (a group carried once is in the next batch).
+VARIANTS = {**{f"{s}-{c}": Variant(s, ("--oppo.staleness.correction", c))
+               for s in ("oppo", "oppo-async") for c in ("none", "tis", "icepop")},
+            **{f"{s}-defer1": Variant(s, ("--oppo.staleness.max_deferral_steps", "1")) for s in ("oppo", "oppo-async")}}
 
 
 def resolve(name: str) -> Variant:

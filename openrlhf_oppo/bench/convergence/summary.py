@@ -1,6 +1,6 @@
 """`bench convergence`'s summary of every run: per schedule over seeds (final reward and its
 difference to the reference, time-to-reward, exact match, the band check, the gain over the
-SFT policy) and per-step series across seeds (bands, length KS distances)."""
+SFT policy, the mean trained response length) and per-step series across seeds (bands, length KS distances)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def summarize(runs: dict[str, dict[int, dict]], threshold: float | None = None, 
             "runs_ok": f"{len(by_seed)}/{len(runs[schedule])}",
             **{key: spread(f[key] for f in figs) for key in (
                 "final_reward", "final_reward_diff", "time_to_reward_s", "steps_to_reward", "x_ref_time_to_reward",
-                "final_exact_match", "final_reward_gain", "mean_offpolicy_token_fraction", "mean_vllm_kl")},
+                "final_exact_match", "final_reward_gain", "mean_trained_length", "mean_offpolicy_token_fraction",
+                "mean_vllm_kl")},
             "reached": f"{sum(f['time_to_reward_s'] is not None for f in figs)}/{len(by_seed)}",
             "within_ref_band": within_band(list(by_seed.values()), list(good[ref].values()), "reward_ma"),
             "gain_within_ref_band": (within_band(list(by_seed.values()), list(good[ref].values()), "reward_gain_ma")
@@ -95,6 +96,7 @@ def _seed_figures(run: dict, threshold: float | None, window: int) -> dict:
         "steps_to_reward": step,
         "final_exact_match": final(run["exact_match"], window),
         "final_reward_gain": final(run.get("reward_gain"), window),
+        "mean_trained_length": mean(n for step in run.get("lengths") or [] for n in step or []),
         "mean_offpolicy_token_fraction": mean(run.get(OFFPOLICY_KEY) or []),
         "mean_vllm_kl": mean(run.get("vllm_kl") or []),
     }
