@@ -25,6 +25,7 @@ TIMELINE_DIR = "OPPO_TIMELINE_DIR"  # each process appends its stage spans here
 SYNC_PROBE = "OPPO_SYNC_PROBE"  # CPU weight sync: where the vLLM-vs-actor probe writes
 SYNC_PROBE_PROMPT = "OPPO_SYNC_PROBE_PROMPT"  # the probe's prompt, comma-separated token ids
 COMPAT = "OPPO_COMPAT"  # "1": the sitecustomize installs the CPU compat patches
+SKIP_INPUT_CHECKS = "OPPO_SKIP_INPUT_CHECKS"  # "1": the cluster entry skips the dataset / tokenizer checks
 # -- set by the user -------------------------------------------------------------------------
 FAULTS = "OPPO_FAULTS"  # crash injection for the reliability tests, e.g. "reward@1,driver@3"
 CACHE_DIR = "OPPO_CACHE_DIR"  # the per-user project cache (tasks' assets, compile caches)
@@ -37,7 +38,7 @@ DEFAULT_CACHE_DIR = "~/.cache/openrlhf_oppo"
 DEFAULT_ASSETS_DIR = "~/.cache/openrlhf_oppo/tiny"
 
 ALL = (CONFIG_JSON, METRICS_JSONL, TRACE_JSONL, ROLLOUTS_JSONL, LEDGER_JSONL, STOP_FILE, TIMELINE_DIR,
-       SYNC_PROBE, SYNC_PROBE_PROMPT, COMPAT, FAULTS, CACHE_DIR, ASSETS_DIR, DEVICE_MEMORY_GB)
+       SYNC_PROBE, SYNC_PROBE_PROMPT, COMPAT, SKIP_INPUT_CHECKS, FAULTS, CACHE_DIR, ASSETS_DIR, DEVICE_MEMORY_GB)
 
 
 def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:

@@ -4,7 +4,8 @@ The CLI over openrlhf_oppo.integrations.launch.train_run (flags, task defaults, 
 checks, launching with restarts); `run` is its. `main` runs it and closes with a summary of
 what the run logged: steps, the reward from the first steps to the last, the mean time a step,
 on the learn task what PPO learned (exact match against the SFT policy on the same prompts,
-response length, loops at the cap), and where the outputs are.
+response length, loops at the cap), and where the outputs are; then, on the learn task, the
+final actor against the SFT policy on prompts no step trained on (`heldout`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def main(argv: list[str]) -> int:
     result = run(argv)
     for line in summary(result.paths.root):
         print(f"openrlhf-oppo train: {line}", flush=True)
+    if result.returncode == 0:
+        for line in heldout(result.paths.root):
+            print(f"openrlhf-oppo train: {line}", flush=True)
     return result.returncode
 
 
@@ -81,3 +85,34 @@ def _learning(root: Path, steps: int) -> list[str]:
     return [f"exact match {first['exact']:.2f} -> {last['exact']:.2f}{sft}; mean response {first['tokens']:.0f} -> "
             f"{last['tokens']:.0f} tokens; at the {cap}-token cap {first['at_cap']:.0%} -> {last['at_cap']:.0%} "
             f"(trained samples, first {steps} steps -> last {steps}, rollouts.jsonl)"]
+
+
+def heldout(root: Path) -> list[str]:
+    """For a learn-task run: the SFT policy and the run's final actor (`--ckpt.output_dir`) on
+    the prompts after the trained ones (`--data.max_samples`), as `bench convergence` scores
+    them: exact match, learned reward, the share at the cap. A step's trained samples swing with
+    its prompts and loops; these prompts are the same for both. Nothing for another task or
+    where no prompt is left out."""
+    import json
+
+    from openrlhf_oppo.bench.convergence import final_eval
+    from openrlhf_oppo.tasks import learn
+
+    argv = json.loads((root / "command.json").read_text()) if (root / "command.json").exists() else []
+    flag = {k: v for k, v in zip(argv, argv[1:], strict=False) if k.startswith("--")}
+    if "--actor.model_name_or_path" not in flag or "--data.max_samples" not in flag:
+        return []
+    assets = learn.LearnAssets(Path(flag["--actor.model_name_or_path"]).parent)
+    spec = next((spec for spec in learn.VARIANTS.values() if assets.is_built(spec)), None)
+    model = Path(flag.get("--ckpt.output_dir", root / "model"))
+    trained = int(flag["--data.max_samples"])
+    if spec is None or not (model / "config.json").exists() or len(learn.read_jsonl(assets.prompts)) <= trained:
+        return []
+    print(f"openrlhf-oppo train: scoring the SFT policy and the final actor on held-out prompts "
+          f"({final_eval.SAMPLES_PER_PROMPT} samples each) ...", flush=True)
+    prompts, figs = final_eval.evaluate_against_sft(assets.root, spec, {"run": model}, trained)
+    sft, run_ = figs["sft"], figs["run"]
+    return [f"held out ({prompts} prompts no step trained on), the SFT policy -> this run's final actor: exact match "
+            f"{sft['exact_match']:.3f} -> {run_['exact_match']:.3f}; learned reward {sft['mean_reward']:+.3f} -> "
+            f"{run_['mean_reward']:+.3f}; at the {spec.max_new_tokens}-token cap {sft['at_cap']:.1%} -> "
+            f"{run_['at_cap']:.1%}"]

@@ -1,7 +1,8 @@
 """The README's main job as a user runs it (`openrlhf-oppo train --schedule oppo --config
 configs/learn-longtail-cpu.yaml`, here 8 of its 64 steps): the shipped learn-longtail build
 installed into an empty assets directory, a quiet terminal (a progress line per step with the
-mean response length, OPPO's messages), and a closing summary of what PPO learned."""
+mean response length, OPPO's messages), and a closing summary of what PPO learned: on the trained
+samples, and the final actor against the SFT policy on held-out prompts."""
 
 from __future__ import annotations
 
@@ -34,7 +35,12 @@ def test_the_main_job_installs_the_shipped_task_and_sums_up_what_ppo_learned(tmp
     summary = [line for line in lines if line.startswith("openrlhf-oppo train: ")]
     assert any(re.search(rf"{STEPS} steps; reward [-+]\d\.\d+ -> [-+]\d\.\d+ \(train/reward, mean of the first 4 "
                          r"steps -> the last 4\)", line) for line in summary), "\n".join(summary)
-    learned = [line for line in summary if "exact match" in line]
+    heldout = [line for line in summary if "held out" in line]
+    assert len(heldout) == 1 and re.search(
+        r"held out \(256 prompts no step trained on\), the SFT policy -> this run's final actor: exact match "
+        r"0\.\d{3} -> 0\.\d{3}; learned reward [-+]\d\.\d{3} -> [-+]\d\.\d{3}; at the 512-token cap",
+        heldout[0]), heldout
+    learned = [line for line in summary if "exact match" in line and "held out" not in line]
     assert len(learned) == 1 and re.search(
         r"exact match \d\.\d\d -> \d\.\d\d \(the SFT policy on the same prompts: \d\.\d\d -> \d\.\d\d\); mean response "
         r"\d+ -> \d+ tokens; at the 512-token cap \d+% -> \d+%", learned[0]), learned

@@ -91,3 +91,41 @@ def test_the_closing_summary_shows_what_a_learn_run_learned(tmp_path):
         "exact match 0.50 -> 0.88 (the SFT policy on the same prompts: 1.00 -> 0.91); mean response 4 -> 3 tokens; "
         "at the 6-token cap 50% -> 0% (trained samples, first 4 steps -> last 4, rollouts.jsonl)"]
     assert _learning(tmp_path, steps=5) == []  # fewer than 10 steps: nothing to compare
+
+
+def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts(tmp_path, monkeypatch, capsys):
+    """The SFT policy and the run's final actor on the prompts after the trained ones, through
+    `bench convergence`'s evaluation (stubbed here: its own tests run it); nothing where the
+    assets are not a learn build, the model was not saved or no prompt is left out."""
+    import json
+
+    from openrlhf_oppo.bench.convergence import final_eval
+    from openrlhf_oppo.cli.train import heldout
+    from openrlhf_oppo.tasks import learn
+
+    assets, run_dir = learn.LearnAssets(tmp_path / "assets"), tmp_path / "run"
+    spec = learn.VARIANTS["learn-longtail"]
+    argv = ["python", "-m", "openrlhf_oppo.cli.train_ppo_ray", "--actor.model_name_or_path", str(assets.actor),
+            "--ckpt.output_dir", str(run_dir / "model"), "--data.max_samples", "8"]
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "command.json").write_text(json.dumps(argv))
+    learn.write_jsonl(assets.prompts, [{"input": f"reverse: w{i} =>", "label": f"w{i}"} for i in range(12)])
+    calls = []
+
+    def fake(root, spec_, actors, trained):
+        calls.append((root, spec_, actors, trained))
+        return 4, {"sft": {"exact_match": 0.5, "mean_reward": -0.25, "at_cap": 0.04},
+                   "run": {"exact_match": 0.75, "mean_reward": 0.5, "at_cap": 0.01}}
+
+    monkeypatch.setattr(final_eval, "evaluate_against_sft", fake)
+    assert heldout(run_dir) == []  # no BUILD_OK: not a learn build
+    (assets.root / "BUILD_OK").write_text(learn.build_marker(spec))
+    assert heldout(run_dir) == []  # the final actor was not saved
+    (run_dir / "model" / "config.json").write_text("{}")
+    assert heldout(run_dir) == [
+        "held out (4 prompts no step trained on), the SFT policy -> this run's final actor: exact match 0.500 -> "
+        "0.750; learned reward -0.250 -> +0.500; at the 512-token cap 4.0% -> 1.0%"]
+    assert calls == [(assets.root, spec, {"run": run_dir / "model"}, 8)]
+    assert "scoring the SFT policy and the final actor" in capsys.readouterr().out
+    (run_dir / "command.json").write_text(json.dumps([*argv[:-1], "12"]))
+    assert heldout(run_dir) == []  # every prompt trained: none held out

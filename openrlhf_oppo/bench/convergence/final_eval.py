@@ -35,21 +35,9 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
         print(f"[bench convergence] no built task assets at {root}: no final evaluation", flush=True)
         return None
     trained = int(yaml_config.load(config_path).flags.get("data.max_samples") or 0)
-    actors = {"sft": learn.LearnAssets(root).actor}
-    actors.update({f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
-                   for seed, r in by_seed.items()
-                   if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()})
-    evals = evaluation.evaluate_actors(root, actors, trained, learn.VARIANTS[variant], SAMPLES_PER_PROMPT)
-
-    def figures(e: dict) -> dict:
-        bands = e["exact_match_by_band"]
-        return {"exact_match": e["exact_match"], "mean_reward": e["mean_reward"],
-                "exact_match_mid": bands.get("mid", {}).get("exact_match"),
-                "exact_match_long": bands.get("long", {}).get("exact_match"),
-                "median_response_tokens": e["response_tokens"]["median"],
-                "at_cap": e["response_tokens"]["at_cap"]}
-
-    per_actor = {name: figures(e) for name, e in evals.items()}
+    actors = {f"{name}-s{seed}": out / f"{name}-s{seed}" / "model" for name, by_seed in runs.items()
+              for seed, r in by_seed.items() if r["returncode"] == 0 and (out / f"{name}-s{seed}" / "model").is_dir()}
+    prompts, per_actor = evaluate_against_sft(root, learn.VARIANTS[variant], actors, trained)
     rows = [{"schedule": "sft", **{k: spread([per_actor["sft"][k]]) for k in FINAL_EVAL_KEYS}}]
     by_schedule = {name: [per_actor[f"{name}-s{seed}"] for seed in by_seed if f"{name}-s{seed}" in per_actor]
                    for name, by_seed in runs.items()}
@@ -59,8 +47,27 @@ def evaluate(config_path: str, out: Path, runs: dict[str, dict[int, dict]]) -> d
             rows.append({"schedule": name, "runs": len(figs),
                          **{k: spread(f[k] for f in figs) for k in FINAL_EVAL_KEYS},
                          **({"against_ref": against(figs, by_schedule[ref])} if name != ref else {})})
-    return {"prompts": evals["sft"]["prompts"], "samples_per_prompt": SAMPLES_PER_PROMPT, "first_row": trained,
+    return {"prompts": prompts, "samples_per_prompt": SAMPLES_PER_PROMPT, "first_row": trained,
             "reference": ref, "rows": rows, "per_actor": per_actor}
+
+
+def evaluate_against_sft(root: Path, spec: learn.LearnSpec, actors: dict[str, Path],
+                         trained: int) -> tuple[int, dict[str, dict]]:
+    """The task's SFT policy (`sft`) and `actors` (name -> model directory) on the held-out
+    prompts after the first `trained` rows, SAMPLES_PER_PROMPT samples each at T=1 with one
+    seed: (prompts, name -> FINAL_EVAL_KEYS' figures)."""
+    evals = evaluation.evaluate_actors(root, {"sft": learn.LearnAssets(root).actor, **actors}, trained, spec,
+                                       SAMPLES_PER_PROMPT)
+
+    def figures(e: dict) -> dict:
+        bands = e["exact_match_by_band"]
+        return {"exact_match": e["exact_match"], "mean_reward": e["mean_reward"],
+                "exact_match_mid": bands.get("mid", {}).get("exact_match"),
+                "exact_match_long": bands.get("long", {}).get("exact_match"),
+                "median_response_tokens": e["response_tokens"]["median"],
+                "at_cap": e["response_tokens"]["at_cap"]}
+
+    return evals["sft"]["prompts"], {name: figures(e) for name, e in evals.items()}
 
 
 def against(figs: list[dict], ref_figs: list[dict]) -> dict:

@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from openrlhf_oppo import run_env
 from openrlhf_oppo.integrations.launch import driver, preflight
 
-SKIP_INPUT_CHECKS_ENV = "OPPO_SKIP_INPUT_CHECKS"  # "1": skip the dataset / tokenizer checks (the flags' stay)
 REPORT_ENV = "OPPO_PREFLIGHT_JSON"  # where the input checks' report goes (default: a temp file)
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, rest = driver.resolve(argv)
         preflight.check_config({}, argv, oppo=True)
-        if os.environ.get(SKIP_INPUT_CHECKS_ENV, "") not in ("1", "true"):
+        if os.environ.get(run_env.SKIP_INPUT_CHECKS, "") not in ("1", "true"):  # the flags' checks stay
             preflight.check_inputs({}, argv, _report_path(), oppo=True)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{driver.ENTRY_MODULE}: error: {exc}", file=sys.stderr)

@@ -127,6 +127,9 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     env[run_env.LEDGER_JSONL] = str(paths.ledger)  # appended across restarts: never cleared here
     env[run_env.STOP_FILE] = str(paths.stop_file)
     env[run_env.ROLLOUTS_JSONL] = str(paths.rollouts)
+    # `openrlhf-oppo train` checked the inputs before launching (or was told to skip them): the
+    # cluster entry does not check them again
+    env[run_env.SKIP_INPUT_CHECKS] = "1"
     if probe_ids:
         env[run_env.SYNC_PROBE] = str(paths.sync_probe)
         env[run_env.SYNC_PROBE_PROMPT] = ",".join(map(str, probe_ids))
@@ -256,15 +259,22 @@ class QuietLines:
         return None
 
 
+_PROGRESS = re.compile(r"^OPPO: \d+step ")  # a redraw of OPPO's progress bar (step_meter's tqdm)
+
+
 class _Follower:
     """Copies what is appended to a file from `offset` on to stdout, from a thread, until
-    `stop` (which copies the rest); with `keep`, line by line what `keep` returns."""
+    `stop` (which copies the rest); with `keep`, line by line what `keep` returns. On a terminal
+    (`in_place`, default: stdout is one) each progress-bar line redraws the one before it, as
+    tqdm does, so a run's terminal holds one bar line, not one a step."""
 
-    def __init__(self, path: Path, offset: int, poll_s: float = 0.2, keep=None):
+    def __init__(self, path: Path, offset: int, poll_s: float = 0.2, keep=None, in_place: bool | None = None):
         import threading
 
         self.path, self.offset, self.poll_s, self.keep = path, offset, poll_s, keep
+        self.in_place = sys.stdout.isatty() if in_place is None else in_place
         self._pending = ""  # with `keep`: the start of a line not yet ended
+        self._bar_open = False  # in place: a progress line is drawn and not ended
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="train.log", daemon=True)
 
@@ -299,8 +309,21 @@ class _Follower:
             lines = (self._pending + chunk).split("\n")
             self._pending = "" if done else lines.pop()
             shown = [kept for kept in map(self.keep, lines) if kept is not None]
-            sys.stdout.write("".join(f"{kept}\n" for kept in shown))
+            sys.stdout.write("".join(map(self._line, shown)))
+            if done and self._bar_open:
+                sys.stdout.write("\n")
+                self._bar_open = False
         sys.stdout.flush()
+
+    def _line(self, line: str) -> str:
+        """What the terminal gets for one shown line: in place, a progress line overwrites the
+        open one (carriage return, clear to the end of the line) and stays open; another line
+        first ends it."""
+        if self.in_place and _PROGRESS.match(line):
+            opened, self._bar_open = self._bar_open, True
+            return f"\r{line}\x1b[K" if opened else line
+        ended, self._bar_open = "\n" if self._bar_open else "", False
+        return f"{ended}{line}\n"
 
 
 def _handle_signals(handler) -> dict:

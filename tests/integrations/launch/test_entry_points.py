@@ -51,6 +51,24 @@ def test_the_cluster_entry_point_refuses_a_bad_dataset_row_before_starting_ray(t
     assert (tmp_path / "preflight.json").exists()
 
 
+def test_under_openrlhf_oppo_train_the_cluster_entry_leaves_the_input_checks_to_the_launcher(tmp_path, monkeypatch):
+    """`openrlhf-oppo train` checks the inputs (or is told to skip them) before it launches the
+    entry: the entry's environment says so, and it does not check (nor print) them again."""
+    from openrlhf_oppo import run_env
+    from openrlhf_oppo.integrations.launch import cluster_entry, driver, launcher
+
+    env = launcher.child_env(launcher.RunPaths(tmp_path / "run"), {}, None)
+    assert env[run_env.SKIP_INPUT_CHECKS] == "1"
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "no question key"}\n')  # a row the checks refuse
+    started = []
+    monkeypatch.setattr(driver, "run_openrlhf", lambda cfg, rest: started.append(rest))
+    monkeypatch.setenv(run_env.SKIP_INPUT_CHECKS, env[run_env.SKIP_INPUT_CHECKS])
+    assert cluster_entry.main(["--actor.model_name_or_path", "org/m", "--reward.model_name_or_path", "org/rm",
+                               "--data.prompt_dataset", str(data), "--data.input_key", "question"]) == 0
+    assert len(started) == 1
+
+
 def test_the_cluster_entry_point_names_the_row(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"question": "2 + 2?"}\n{"prompt": "no question key"}\n')

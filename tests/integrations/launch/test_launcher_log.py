@@ -74,6 +74,21 @@ def test_the_quiet_follower_shows_whole_lines_only_and_the_last_one_at_the_end(t
     assert capsys.readouterr().out == "OPPO: 1step\nValueError: bad row\n"
 
 
+def test_on_a_terminal_the_progress_bar_redraws_one_line(tmp_path, capsys):
+    log = tmp_path / "train.log"
+    log.write_text("")
+    follower = launcher._Follower(log, 0, poll_s=0.01, keep=launcher.QuietLines(), in_place=True)
+    follower._write("OPPO: 1step [00:01, reward=1]\nINFO noise\nOPPO: 2step [00:02, reward=2]\n", done=False)
+    assert capsys.readouterr().out == "OPPO: 1step [00:01, reward=1]\rOPPO: 2step [00:02, reward=2]\x1b[K"
+    follower._write("OPPO streaming reward actor: loaded\nOPPO: 3step [00:03, reward=3]\n", done=False)
+    # a message ends the bar's line and takes its own; the bar starts again below it
+    assert capsys.readouterr().out == "\nOPPO streaming reward actor: loaded\nOPPO: 3step [00:03, reward=3]"
+    follower._write("openrlhf-oppo train: 3 steps", done=True)
+    assert capsys.readouterr().out == "\nopenrlhf-oppo train: 3 steps\n"
+    follower._write("OPPO: 4step [00:04, reward=4]\n", done=True)  # the run's end ends an open bar
+    assert capsys.readouterr().out == "OPPO: 4step [00:04, reward=4]\n"
+
+
 def test_a_quiet_run_shows_a_whole_ray_traceback_and_nothing_after_it():
     """A stop on request ends in Ray's traceback of the trainer's exception: its message (where the
     checkpoint is and how to resume) is shown, though neither it nor its type says Error."""
