@@ -1,6 +1,7 @@
 """`bench convergence`'s summary of every run: per schedule over seeds (final reward and its
 difference to the reference, time-to-reward, exact match, the band check, the gain over the
-SFT policy, the mean trained response length) and per-step series across seeds (bands, length KS distances)."""
+SFT policy, the mean trained response length) and per-step series across seeds (bands,
+length KS distances)."""
 
 from __future__ import annotations
 
