@@ -177,13 +177,13 @@ def launch(
 
     def on_signal(signum, frame):
         if stopped_by:
-            _log(f"{signal.Signals(signum).name} again: ending the run now")
+            echo.say(f"{signal.Signals(signum).name} again: ending the run now")
             raise KeyboardInterrupt
         stopped_by.append(signum)
         if graceful_stop:
             paths.stop_file.touch()
-            _log(f"{signal.Signals(signum).name}: the current step ends, a checkpoint is written, then the run "
-                 "stops (signal again to stop at once)")
+            echo.say(f"{signal.Signals(signum).name}: the current step ends, a checkpoint is written, then the run "
+                     "stops (signal again to stop at once)")
         else:
             os.killpg(child.pid, signal.SIGINT)
 
@@ -203,7 +203,7 @@ def launch(
         try:
             returncode = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _log(f"no result after {timeout_s:.0f}s; ending the run")
+            echo.say(f"no result after {timeout_s:.0f}s; ending the run")
             returncode = TIMEOUT_RETURNCODE
         except KeyboardInterrupt:  # a second signal (or Ctrl-C where no handler could be installed)
             returncode = 128 + signal.SIGINT
@@ -275,6 +275,8 @@ class _Follower:
         self.in_place = sys.stdout.isatty() if in_place is None else in_place
         self._pending = ""  # with `keep`: the start of a line not yet ended
         self._bar_open = False  # in place: a progress line is drawn and not ended
+        # the thread's copies and `say` from the main thread (re-entered by a second signal's handler)
+        self._lock = threading.RLock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="train.log", daemon=True)
 
@@ -301,8 +303,17 @@ class _Follower:
                 if not data:
                     self._done.wait(self.poll_s)
 
+    def say(self, message: str) -> None:
+        """The launcher's own line while the run goes on (below an open progress bar)."""
+        with self._lock:
+            sys.stdout.write(self._line(f"openrlhf-oppo train: {message}"))
+            sys.stdout.flush()
 
     def _write(self, chunk: str, done: bool) -> None:
+        with self._lock:
+            self._copy(chunk, done)
+
+    def _copy(self, chunk: str, done: bool) -> None:
         if self.keep is None:
             sys.stdout.write(chunk)
         else:
@@ -318,7 +329,7 @@ class _Follower:
     def _line(self, line: str) -> str:
         """What the terminal gets for one shown line: in place, a progress line overwrites the
         open one (carriage return, clear to the end of the line) and stays open; another line
-        first ends it."""
+        first ends it. Called under the lock."""
         if self.in_place and _PROGRESS.match(line):
             opened, self._bar_open = self._bar_open, True
             return f"\r{line}\x1b[K" if opened else line

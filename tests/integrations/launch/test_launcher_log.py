@@ -85,8 +85,12 @@ def test_on_a_terminal_the_progress_bar_redraws_one_line(tmp_path, capsys):
     assert capsys.readouterr().out == "\nOPPO streaming reward actor: loaded\nOPPO: 3step [00:03, reward=3]"
     follower._write("openrlhf-oppo train: 3 steps", done=True)
     assert capsys.readouterr().out == "\nopenrlhf-oppo train: 3 steps\n"
-    follower._write("OPPO: 4step [00:04, reward=4]\n", done=True)  # the run's end ends an open bar
-    assert capsys.readouterr().out == "OPPO: 4step [00:04, reward=4]\n"
+    follower._write("OPPO: 4step [00:04, reward=4]\n", done=False)
+    follower.say("SIGINT: the current step ends")  # the launcher's own line goes below the bar
+    assert capsys.readouterr().out == ("OPPO: 4step [00:04, reward=4]\n"
+                                       "openrlhf-oppo train: SIGINT: the current step ends\n")
+    follower._write("OPPO: 5step [00:05, reward=5]\n", done=True)  # the run's end ends an open bar
+    assert capsys.readouterr().out == "OPPO: 5step [00:05, reward=5]\n"
 
 
 def test_a_quiet_run_shows_a_whole_ray_traceback_and_nothing_after_it():
