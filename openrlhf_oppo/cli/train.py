@@ -10,6 +10,9 @@ final actor against the SFT policy on prompts no step trained on (`heldout`).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 from openrlhf_oppo.integrations.launch.train_run import run
@@ -110,9 +113,30 @@ def heldout(root: Path) -> list[str]:
         return []
     print(f"openrlhf-oppo train: scoring the SFT policy and the final actor on held-out prompts "
           f"({final_eval.SAMPLES_PER_PROMPT} samples each) ...", flush=True)
-    prompts, figs = final_eval.evaluate_against_sft(assets.root, spec, {"run": model}, trained)
+    with _output_to(root / "train.log"):  # transformers', DeepSpeed's and OpenRLHF's loading lines, as in the run
+        prompts, figs = final_eval.evaluate_against_sft(assets.root, spec, {"run": model}, trained)
     sft, run_ = figs["sft"], figs["run"]
     return [f"held out ({prompts} prompts no step trained on), the SFT policy -> this run's final actor: exact match "
             f"{sft['exact_match']:.3f} -> {run_['exact_match']:.3f}; learned reward {sft['mean_reward']:+.3f} -> "
             f"{run_['mean_reward']:+.3f}; at the {spec.max_new_tokens}-token cap {sft['at_cap']:.1%} -> "
             f"{run_['at_cap']:.1%}"]
+
+
+@contextlib.contextmanager
+def _output_to(path: Path):
+    """This process's stdout and stderr (the file descriptors: libraries' loggers and progress
+    bars hold their own references to the streams) appended to `path` for the block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with path.open("ab") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)

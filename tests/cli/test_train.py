@@ -93,11 +93,12 @@ def test_the_closing_summary_shows_what_a_learn_run_learned(tmp_path):
     assert _learning(tmp_path, steps=5) == []  # fewer than 10 steps: nothing to compare
 
 
-def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts(tmp_path, monkeypatch, capsys):
+def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts(tmp_path, monkeypatch, capfd):
     """The SFT policy and the run's final actor on the prompts after the trained ones, through
     `bench convergence`'s evaluation (stubbed here: its own tests run it); nothing where the
     assets are not a learn build, the model was not saved or no prompt is left out."""
     import json
+    import os
 
     from openrlhf_oppo.bench.convergence import final_eval
     from openrlhf_oppo.cli.train import heldout
@@ -114,6 +115,7 @@ def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts
 
     def fake(root, spec_, actors, trained):
         calls.append((root, spec_, actors, trained))
+        os.write(2, b"INFO loading the reward model\n")  # the libraries' lines go to train.log, not the terminal
         return 4, {"sft": {"exact_match": 0.5, "mean_reward": -0.25, "at_cap": 0.04},
                    "run": {"exact_match": 0.75, "mean_reward": 0.5, "at_cap": 0.01}}
 
@@ -126,6 +128,8 @@ def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts
         "held out (4 prompts no step trained on), the SFT policy -> this run's final actor: exact match 0.500 -> "
         "0.750; learned reward -0.250 -> +0.500; at the 512-token cap 4.0% -> 1.0%"]
     assert calls == [(assets.root, spec, {"run": run_dir / "model"}, 8)]
-    assert "scoring the SFT policy and the final actor" in capsys.readouterr().out
+    shown = capfd.readouterr()
+    assert "scoring the SFT policy and the final actor" in shown.out and "INFO loading" not in shown.out + shown.err
+    assert (run_dir / "train.log").read_text() == "INFO loading the reward model\n"
     (run_dir / "command.json").write_text(json.dumps([*argv[:-1], "12"]))
     assert heldout(run_dir) == []  # every prompt trained: none held out
