@@ -56,17 +56,16 @@ def _learning(root: Path, steps: int) -> list[str]:
     policy's on the same prompts (the task's data/sft_baseline.jsonl: what the prompts alone
     would give), mean response length and the share at the cap, the first `steps` steps
     against the last; nothing for another task, or a run of fewer than 2 * `steps` steps."""
-    import json
 
     from openrlhf_oppo.bench.convergence.read import jsonl, load_baseline, load_tokenizer, trained_samples
 
     records = jsonl(root / "rollouts.jsonl")
-    argv = json.loads((root / "command.json").read_text()) if (root / "command.json").exists() else []
-    if len(records) < 2 * steps or "--actor.model_name_or_path" not in argv:
+    flag = _run_flags(root)
+    if len(records) < 2 * steps or "--actor.model_name_or_path" not in flag:
         return []
-    actor = Path(argv[argv.index("--actor.model_name_or_path") + 1])
+    actor = Path(flag["--actor.model_name_or_path"])
     text = load_tokenizer(actor)
-    cap = int(argv[argv.index("--rollout.max_new_tokens") + 1]) if "--rollout.max_new_tokens" in argv else None
+    cap = int(flag["--rollout.max_new_tokens"]) if "--rollout.max_new_tokens" in flag else None
     baseline = load_baseline(actor.parent / "data" / "sft_baseline.jsonl") or {}
 
     def figures(rows: list[dict]) -> dict | None:
@@ -96,13 +95,11 @@ def heldout(root: Path) -> list[str]:
     them: exact match, learned reward, the share at the cap. A step's trained samples swing with
     its prompts and loops; these prompts are the same for both. Nothing for another task or
     where no prompt is left out."""
-    import json
 
     from openrlhf_oppo.bench.convergence import final_eval
     from openrlhf_oppo.tasks import learn
 
-    argv = json.loads((root / "command.json").read_text()) if (root / "command.json").exists() else []
-    flag = {k: v for k, v in zip(argv, argv[1:], strict=False) if k.startswith("--")}
+    flag = _run_flags(root)
     if "--actor.model_name_or_path" not in flag or "--data.max_samples" not in flag:
         return []
     assets = learn.LearnAssets(Path(flag["--actor.model_name_or_path"]).parent)
@@ -120,6 +117,14 @@ def heldout(root: Path) -> list[str]:
             f"{sft['exact_match']:.3f} -> {run_['exact_match']:.3f}; learned reward {sft['mean_reward']:+.3f} -> "
             f"{run_['mean_reward']:+.3f}; at the {spec.max_new_tokens}-token cap {sft['at_cap']:.1%} -> "
             f"{run_['at_cap']:.1%}"]
+
+
+def _run_flags(root: Path) -> dict[str, str]:
+    """The run's flags with a value, from the command it launched (`command.json`); {} without one."""
+    import json
+
+    argv = json.loads((root / "command.json").read_text()) if (root / "command.json").exists() else []
+    return {k: v for k, v in zip(argv, argv[1:], strict=False) if k.startswith("--")}
 
 
 @contextlib.contextmanager
