@@ -40,6 +40,7 @@ _T = Touch
 TOUCH_POINTS: tuple[Touch, ...] = (
     # names swapped in the driver before OpenRLHF's train() imports them (oppo_trainer.patch_driver)
     _T("openrlhf.trainer.ppo_trainer.PPOTrainer", "swapped", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync", "swapped", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor", "swapped", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ray.launcher.RewardModelActor", "swapped", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ray.launcher.ReferenceModelActor", "swapped", "integrations.runtime.trainer"),

@@ -72,7 +72,7 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
     if not streams_reward and split.colocate and not split.score_gpus and not split.reward_with_train:
         return "--train.colocate_all puts OpenRLHF's reward model among the DeepSpeed models (split.reward_with_train)"
     pooled = not split.colocate and not split.critic_gpus  # the DeepSpeed models share devices apart from vLLM
-    if pooled and (critic or split.reward_with_train) and not (async_mode and split.reward_with_train):
+    if pooled and (critic or split.reward_with_train) and not ((async_mode and split.reward_with_train) or (async_admission and (split.reward_with_train or (streams_reward and split.score_gpus)))):
         return ("apart from vLLM, OpenRLHF puts the critic and reward model beside the actor only under "
                 "--train.colocate_all with --train.async_enable (split.reward_with_train); otherwise they need "
                 "devices of their own (split.critic_gpus, split.score_gpus)")

@@ -18,7 +18,7 @@ CONFIG = str(REPO / "configs" / "tiny-cpu.yaml")
     [
         (["--schedule", "fast", "--config", CONFIG], "--schedule: unknown schedule 'fast'; allowed: sync, async"),
         (["--schedule", "oppo", "--config", CONFIG, "--", "--train.async_enable"],
-         "--train.async_enable cannot be combined with OPPO"),
+         "--train.async_enable with OPPO needs --oppo.staleness.max_policy_lag >= 1"),
         (["--schedule", "oppo", "--config", CONFIG, "--", "--vllm.enable_prefix_caching"],
          "--vllm.enable_prefix_caching cannot be combined with --oppo.staleness.keep_kv_cache true"),
         (["--schedule", "sync", "--config", "missing.yaml"], "--config: file not found: missing.yaml"),

@@ -1,7 +1,10 @@
 """Async admission end to end on CPU (`--oppo.staleness.max_policy_lag`): the next step's
 groups are admitted as the batch is taken and decode on the real vLLM engines while
 DeepSpeed trains; the ledger accounts for every group and no trained token is more
-than the lag behind the weights it trains (read from the per-step trace)."""
+than the lag behind the weights it trains (read from the per-step trace). The run is placed as
+OpenRLHF's async mode places its models (`--train.colocate_all --train.async_enable`: the
+DeepSpeed models share a placement group, vLLM has its own), with OPPO's trainer in place of
+OpenRLHF's async one."""
 
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRL
 
 # Lag 1 only: each run here costs CI minutes, and lag 2 (the `oppo-async` schedule, carry and
 # async admission together) is covered by the core's property test, the generator's test with
-# fakes and the simulator's tests; `bench schedules` runs it end to end.
+# fakes and the simulator's tests; `bench schedules` runs it end to end (in the layout of its config).
+ASYNC_LAYOUT = ("--train.colocate_all", "--train.async_enable")
 LAG_RUNS = {
-    1: ("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false"),
+    1: ("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false", *ASYNC_LAYOUT),
 }
 
 
@@ -55,3 +59,12 @@ def test_no_trained_token_is_more_than_the_lag_behind_and_some_decoded_during_tr
         assert row["oppo/lag_max"] <= lag
         assert sum(row[f"oppo/lag_tokens/{b}"] for b in ("0", "1", "2", "3+")) > 0
     assert sum(row["oppo/lag_tokens/1"] for row in metrics) == sum(1 for x in lags if x == 1)
+
+
+def test_openrlhf_placed_the_run_as_its_async_mode_and_oppos_trainer_ran_it(lag_run):
+    _, run = lag_run
+    log = (run.root / "train.log").read_text()
+    # OpenRLHF's train() prints this only on its async branch, the one that keeps vLLM out of the
+    # DeepSpeed models' placement group (`pg if colocate_all and not async_enable else None`)
+    assert "[Warning] Using --colocate_all_models in async RLHF only colocates DeepSpeed models." in log
+    assert "OppoPPOTrainerImpl pid=" in log and "PPOTrainerAsync pid=" not in log

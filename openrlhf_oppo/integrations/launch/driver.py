@@ -29,7 +29,6 @@ PROG = f"python -m {ENTRY_MODULE}"
 
 # (OpenRLHF flag, why OPPO cannot run with it)
 INCOMPATIBLE_FLAGS = {
-    "--train.async_enable": "OPPO is its own overlap schedule on top of synchronous PPO",
     "--train.partial_rollout_enable": "OPPO carries partial rollouts itself",
     "--algo.dynamic_filtering_enable": "OPPO trains the first B complete groups; filtering would change B",
     "--train.agent_func_path": "OPPO drives single-turn generation itself (agent executors are not streamed)",
@@ -82,6 +81,13 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     for flag, why in INCOMPATIBLE_FLAGS.items():
         if _given(flag, argv):
             raise ValueError(f"{flag} cannot be combined with OPPO ({PROG}): {why}")
+    if _given("--train.async_enable", argv) and not cfg.staleness.max_policy_lag:
+        raise ValueError(
+            "--train.async_enable with OPPO needs --oppo.staleness.max_policy_lag >= 1: OPPO's async admission "
+            "then takes the place of OpenRLHF's async trainer, in its layout (vLLM on GPUs of its own; with "
+            "--train.colocate_all the DeepSpeed models share theirs). Add --oppo.staleness.max_policy_lag 2, "
+            "or drop --train.async_enable for OPPO on top of synchronous PPO"
+        )
     if cfg.streaming.critic:
         raise ValueError("--oppo.streaming.critic: this version streams into the reward model and the reference "
                          "only (OpenRLHF computes values one-shot); leave it false")
@@ -187,6 +193,13 @@ def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
         raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path "
                          "(or --reward.remote_url for a rule-based or remote reward)")
     return argv + _correction_flags(argv, cfg)
+
+
+def overlay_flags(argv: list[str], base: oppo_config.OppoConfig) -> oppo_config.OppoConfig:
+    """`base` with the `--oppo.*` flags among `argv` on top (the other flags are left alone)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    oppo_config.add_cli_flags(parser)
+    return oppo_config.from_cli(parser.parse_known_args(argv)[0], base)
 
 
 def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:

@@ -1,7 +1,8 @@
 """Memory of a colocated layout (`--train.colocate_all`), checked before anything starts.
 
 On every colocated GPU vLLM keeps `--vllm.gpu_memory_utilization` of the device beside the
-DeepSpeed models and the streaming reward actor, unless it sleeps while they train
+DeepSpeed models and the streaming reward actor (with `--train.async_enable`, OPPO's async
+admission in OpenRLHF's async layout, vLLM has GPUs of its own), unless it sleeps while they train
 (`--vllm.enable_sleep`, the hybrid engine; `--ds.enable_sleep` moves the actor's and critic's
 optimizer states and gradients to the host while vLLM generates). Per GPU
 (`openrlhf_oppo.footprint`), in each phase::
@@ -81,7 +82,8 @@ def _config(flag: str, path: str | None):
 
 def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float) -> list[tuple[str, float, str]]:
     """(what, bytes, when: ALWAYS, GENERATE or TRAIN) on each colocated GPU, as OpenRLHF 0.11.2
-    places a `--train.colocate_all` run (every group in the actor's placement group)."""
+    places a `--train.colocate_all` run (every group in the actor's placement group; vLLM too
+    unless `--train.async_enable`)."""
     def gpus(group: str) -> int:
         return max(1, v[f"{group}.num_nodes"] * v[f"{group}.num_gpus_per_node"])
 
@@ -104,9 +106,10 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
                 (f"{name} optimizer states and gradients", footprint.zero3_bytes(params, True, devices) - weights,
                  TRAIN)]
 
-    util = v["vllm.gpu_memory_utilization"]
-    items = [(f"vLLM (--vllm.gpu_memory_utilization {util:g})", util * capacity,
-              GENERATE if v.get("vllm.enable_sleep") else ALWAYS)]
+    util, items = v["vllm.gpu_memory_utilization"], []
+    if not v.get("train.async_enable"):  # with it OpenRLHF gives vLLM GPUs of its own
+        items.append((f"vLLM (--vllm.gpu_memory_utilization {util:g})", util * capacity,
+                      GENERATE if v.get("vllm.enable_sleep") else ALWAYS))
     actor_cfg = _config("actor.model_name_or_path", v["actor.model_name_or_path"])
     if actor_cfg is not None:
         actor = footprint.params_of_config(actor_cfg)
@@ -191,7 +194,7 @@ def _refusal(v: dict[str, Any], cfg: OppoConfig, when: str, items: list[tuple[st
     if kv > 0 and total - kv <= capacity:
         per_token = kv / cfg.streaming.kv_budget_tokens
         fits.append(f"--oppo.streaming.kv_budget_tokens {int((capacity - total + kv) // per_token):,} or lower")
-    if not (v.get("vllm.enable_sleep") and v.get("ds.enable_sleep")):
+    if not (v.get("vllm.enable_sleep") and v.get("ds.enable_sleep")) and not v.get("train.async_enable"):
         fits.append("--vllm.enable_sleep --ds.enable_sleep (OpenRLHF's hybrid engine: vLLM sleeps while the models "
                     "train, the optimizer states leave the GPU while vLLM generates)")
     fits.append("more GPUs (--actor/--critic/--ref/--reward .num_gpus_per_node with vLLM's engines x TP), or no "

@@ -79,7 +79,8 @@ def _plan(args: argparse.Namespace) -> _Plan:
         from openrlhf_oppo.config import to_cli_args
         from openrlhf_oppo.integrations.launch import driver
 
-        driver.check_flags([*yaml_config.to_argv(flags), *args.extra], oppo_cfg)
+        # the child's driver reads the user's `--oppo.*` flags after the schedule's: check what it will run
+        driver.check_flags([*yaml_config.to_argv(flags), *args.extra], driver.overlay_flags(args.extra, oppo_cfg))
         oppo_argv = to_cli_args(oppo_cfg)
     extra = [*oppo_argv, *args.extra]
     preflight.check_config(flags, extra, oppo=oppo_cfg is not None)  # before anything is built or started

@@ -5,7 +5,9 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
 `create_vllm_engines`):
 
 1. `openrlhf.trainer.ppo_trainer.PPOTrainer` -> `OppoPPOTrainer`, one subclass of
-   OpenRLHF's synchronous trainer that
+   OpenRLHF's synchronous trainer (and `ppo_trainer_async.PPOTrainerAsync` -> the same: with
+   `--train.async_enable`, which the driver allows only with OPPO's async admission, OpenRLHF
+   places the models as in its async mode and OPPO's trainer runs them) that
    - replaces its samples generator with `OppoSamplesGenerator`,
    - pauses generation around the weight sync (carried requests are kept) and
      stamps later tokens with the new policy version,
@@ -39,6 +41,7 @@ import json
 
 import ray
 from openrlhf.trainer import ppo_trainer as _ppo_trainer
+from openrlhf.trainer import ppo_trainer_async as _ppo_trainer_async
 from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
@@ -80,11 +83,12 @@ def build_samples_generator(base, reward_group, reference_group=None) -> OppoSam
     actors = _streamed_group(reward_group, reward_mode(args, oppo) == "stream", "reward")
     ref_actors = _streamed_group(reference_group, "reference" in oppo.streaming.scorers(), "reference")
     lag = oppo.staleness.max_policy_lag
-    if lag and args.train.colocate_all:
+    if lag and args.train.colocate_all and not args.train.async_enable:
         log.warning("OPPO: --oppo.staleness.max_policy_lag %d with --train.colocate_all: the vLLM engines share the "
                     "training GPUs, so the groups admitted at each batch decode beside the update, not on idle "
                     "GPUs (little to gain, memory shared); async admission is for vLLM on its own GPUs "
-                    "(drop --train.colocate_all)", lag)
+                    "(add --train.async_enable: the DeepSpeed models keep sharing theirs, as in OpenRLHF's async "
+                    "mode; or drop --train.colocate_all)", lag)
     if args.vllm.enable_sleep:  # asleep, the engines drop every KV cache: nothing decodes on older weights' KV
         oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, keep_kv_cache=False))
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
@@ -182,6 +186,7 @@ OppoPPOTrainer = ray.remote(OppoPPOTrainerImpl)
 def patch_driver(stream_rewards: bool, stream_reference: bool = False, megatron: bool = False) -> None:
     """Swap the names in the driver, before `train_ppo_ray.train` runs (and imports them)."""
     _ppo_trainer.PPOTrainer = OppoPPOTrainer
+    _ppo_trainer_async.PPOTrainerAsync = OppoPPOTrainer  # --train.async_enable: OpenRLHF's async layout, OPPO's trainer
     _vllm_engine.RolloutRayActor = OppoRolloutRayActor
     if stream_rewards:
         _launcher.RewardModelActor = StreamingRewardModelRayActor

@@ -25,10 +25,10 @@ def test_the_cluster_entry_point_prints_its_help():
 
 
 def test_the_cluster_entry_point_refuses_an_incompatible_flag_before_starting_ray():
-    proc = _entry("--train.async_enable")
+    proc = _entry("--train.partial_rollout_enable")
     assert proc.returncode == 2
-    assert proc.stderr.startswith("openrlhf_oppo.cli.train_ppo_ray: error: --train.async_enable cannot be combined "
-                                  "with OPPO (python -m openrlhf_oppo.cli.train_ppo_ray)")
+    assert proc.stderr.startswith("openrlhf_oppo.cli.train_ppo_ray: error: --train.partial_rollout_enable cannot be "
+                                  "combined with OPPO (python -m openrlhf_oppo.cli.train_ppo_ray)")
 
 
 def test_the_cluster_entry_point_refuses_a_bad_dataset_row_before_starting_ray(tmp_path, monkeypatch):

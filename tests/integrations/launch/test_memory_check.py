@@ -67,6 +67,14 @@ def test_the_same_layout_fits_with_the_share_the_message_offered(tmp_path, gpu_8
     assert "of 80.0 GB per GPU" in capsys.readouterr().out
 
 
+def test_with_async_enable_vllm_has_gpus_of_its_own_and_the_refused_layout_fits(tmp_path, gpu_80gb, capsys):
+    # OPPO's async admission in OpenRLHF's async layout: the DeepSpeed models and the streaming reward
+    # actors share the 8 GPUs, vLLM is not on them: the items hand-computed above, unrounded
+    # 15.24 + 14.14 + 1.91 + 14.14 + 3.76 + 1.88 + 2 + 4 = 57.06 GB, without vLLM's 0.95 x 80
+    check({**make_layout(tmp_path), "train.async_enable": True}, util=0.95, budget=65536)
+    assert "57.1 of 80.0 GB per GPU" in capsys.readouterr().out
+
+
 def test_a_budget_too_large_for_what_vllm_leaves_is_refused_with_the_budget_that_fits(tmp_path, gpu_80gb):
     with pytest.raises(ValueError, match=r"--oppo.streaming.kv_budget_tokens [\d,]+ or lower"):
         check(make_layout(tmp_path), util=0.28, budget=200_000)

@@ -144,8 +144,9 @@ def test_incompatible_flags_name_both_flags():
 
     cfg, rest = parse(["--train.async_enable", "--oppo.delta.init", "2"])
     assert cfg.delta.init == 2 and rest == ["--train.async_enable"]
-    with pytest.raises(ValueError, match=r"--train\.async_enable cannot be combined with OPPO"):
+    with pytest.raises(ValueError, match=r"--train\.async_enable with OPPO needs --oppo\.staleness\.max_policy_lag"):
         check_flags(rest, cfg)
+    check_flags(["--train.async_enable", "--train.colocate_all"], parse(["--oppo.staleness.max_policy_lag", "2"])[0])
     cfg, rest = parse(["--rollout.vllm_generate_batch_size", "8"])
     with pytest.raises(ValueError, match=r"--rollout\.vllm_generate_batch_size .* --oppo\.delta\.enable"):
         check_flags(rest, cfg)
@@ -231,7 +232,7 @@ def test_unwired_critic_streaming_and_the_simulators_settings_are_refused_by_nam
 
 
 REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
-    (["--train.async_enable"], r"--train\.async_enable cannot be combined with OPPO", []),
+    (["--train.async_enable"], r"--train\.async_enable with OPPO needs --oppo\.staleness\.max_policy_lag >= 1", []),
     (["--train.partial_rollout_enable"], r"--train\.partial_rollout_enable cannot be combined with OPPO", []),
     (["--vllm.enable_sleep"], r"--vllm\.enable_sleep cannot be combined with --oppo\.staleness\.max_policy_lag",
      ["--oppo.staleness.max_policy_lag", "2"]),
