@@ -14,10 +14,13 @@ The rules, from OpenRLHF 0.11.2's `cli/train_ppo_ray.py` and OPPO's integration:
                 not sleep: they keep their caches.
     split       vLLM on its own devices. The critic beside the actor and the reward model among
                 the DeepSpeed models (`split.reward_with_train`) only under `--train.colocate_all`
-                with `--train.async_enable`; otherwise the critic has devices of its own
-                (`split.critic_gpus`, with the reward model under `--train.colocate_critic_reward`)
-                and the reward model its own or the critic's. OPPO's streaming reward actors hold
-                the whole model on devices of their own (beside the critic: not modelled).
+                with `--train.async_enable`, which OPPO takes with async admission only (its
+                trainer in place of OpenRLHF's async one; a streaming reward actor there would sit
+                beside the DeepSpeed models: not modelled, so `oppo-async-inter`); otherwise the
+                critic has devices of its own (`split.critic_gpus`, with the reward model under
+                `--train.colocate_critic_reward`) and the reward model its own or the critic's.
+                OPPO's streaming reward actors hold the whole model on devices of their own
+                (beside the critic: not modelled).
     reference   OPPO's streaming reference actors (`streaming.reference_actors`) hold the whole
                 reference: beside the engines (colocated or split), or, split, on a device of their
                 own a node (`split.reference_gpus`), which only such a schedule can use.
@@ -72,10 +75,11 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
     if not streams_reward and split.colocate and not split.score_gpus and not split.reward_with_train:
         return "--train.colocate_all puts OpenRLHF's reward model among the DeepSpeed models (split.reward_with_train)"
     pooled = not split.colocate and not split.critic_gpus  # the DeepSpeed models share devices apart from vLLM
-    if pooled and (critic or split.reward_with_train) and not ((async_mode and split.reward_with_train) or (async_admission and (split.reward_with_train or (streams_reward and split.score_gpus)))):
+    if pooled and (critic or split.reward_with_train) and not ((async_mode or async_admission)
+                                                               and split.reward_with_train):
         return ("apart from vLLM, OpenRLHF puts the critic and reward model beside the actor only under "
-                "--train.colocate_all with --train.async_enable (split.reward_with_train); otherwise they need "
-                "devices of their own (split.critic_gpus, split.score_gpus)")
+                "--train.colocate_all with --train.async_enable (split.reward_with_train; OPPO with async admission "
+                "only); otherwise they need devices of their own (split.critic_gpus, split.score_gpus)")
     return None
 
 

@@ -102,6 +102,9 @@ def test_reward_with_train_is_a_make_experience_stage_not_a_reward_server_call()
     ("oppo-async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "streaming reward actors"),
     ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True, "critic_gpus": 1}, None),
     ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "devices of their own"),
+    # async admission in OpenRLHF's async layout (--train.colocate_all --train.async_enable)
+    ("oppo-async-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
+    ("oppo-async-inter", {"colocate": False, "score_gpus": 1}, "devices of their own"),
     ("sync", {"colocate": False, "score_gpus": 1}, "devices of their own"),  # the critic beside the actor
     ("partial", {"colocate": False, "score_gpus": 1}, "devices of their own"),
     ("oppo", {"colocate": False, "score_gpus": 1, "critic_gpus": 2}, None),
@@ -113,7 +116,8 @@ def test_reward_with_train_is_a_make_experience_stage_not_a_reward_server_call()
 ])
 def test_rules_of_openrlhf_and_oppo(schedule, split, refused):
     cfg = presets.load_preset("paper-7b-h200")
-    why = layouts.rule(schedule, dataclasses.replace(presets.Split(), **split), layouts.streams_reward(cfg, schedule))
+    why = layouts.rule(schedule, dataclasses.replace(presets.Split(), **split), layouts.streams_reward(cfg, schedule),
+                       async_admission=layouts.admits_async(cfg, schedule))
     assert (why is None) if refused is None else (refused in why)
 
 

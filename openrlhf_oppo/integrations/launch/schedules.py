@@ -11,6 +11,10 @@
                 reference actors in OpenRLHF's reference group replace its reference forward
     oppo-async  OPPO with async admission (--oppo.staleness.max_policy_lag 2): the next step's
                 groups are admitted as the trainer takes a batch and decode while it trains
+    oppo-async-inter
+                async admission without streaming: OpenRLHF's reward forward, so under
+                --train.colocate_all --train.async_enable the reward model shares the DeepSpeed
+                models' GPUs, as in OpenRLHF's async mode
     oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
     oppo-off    OPPO with Δ = 0 and streaming off: synchronous PPO through OPPO's machinery
                 (what it costs when there is nothing to overlap)
@@ -71,6 +75,9 @@ SCHEDULES: dict[str, Schedule] = {
                  "OpenRLHF's reference forward)", entry_module=OPPO_ENTRY, oppo={"streaming": {"reference": True}}),
         Schedule("oppo-async", "OPPO with async admission (max_policy_lag 2): the next B+Δ decode while "
                  "the trainer trains", entry_module=OPPO_ENTRY, oppo={"staleness": {"max_policy_lag": 2}}),
+        Schedule("oppo-async-inter", "OPPO with async admission (max_policy_lag 2) and carry-over, no streaming: "
+                 "the reward model can share the DeepSpeed models' GPUs", entry_module=OPPO_ENTRY,
+                 oppo={"staleness": {"max_policy_lag": 2}, "streaming": {"enable": False}}),
         Schedule("oppo-eq4", "OPPO with the paper's eq. 4 Δ rule (reward slope)", entry_module=OPPO_ENTRY,
                  oppo={"delta": {"rule": "eq4"}}),
         Schedule("oppo-off", "OPPO with Δ = 0 and streaming off: its machinery, nothing to overlap",

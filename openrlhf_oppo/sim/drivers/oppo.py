@@ -1,4 +1,4 @@
-"""OPPO's schedules (`oppo`, `oppo-async`, `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`)
+"""OPPO's schedules (`oppo`, `oppo-async`, `oppo-async-inter`, `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`)
 as a driver of the simulated world. The real `OverlapScheduler` decides; the driver only turns
 engine and scorer events into scheduler calls and executes its plans, as the Ray adapter does.
 
