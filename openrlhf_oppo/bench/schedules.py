@@ -216,7 +216,8 @@ def _percent(x: float | None) -> str:
 def print_report(rows: list[dict]) -> None:
     best = rows[0]["best"] if rows else None
     modes = [r["schedule"] for r in rows if r["openrlhf"]]
-    cols = [("schedule", 11), ("runs", 5), ("mean step s", 18), ("trained tok/s", 16),
+    name_w = max([11, *(len(r["schedule"]) for r in rows)])
+    cols = [("schedule", name_w), ("runs", 5), ("mean step s", 18), ("trained tok/s", 16),
             *((f"x {m}", 18) for m in modes), (f"x best={best or '-'}", 18), ("spread", 7), ("median step s", 18),
             ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
     widths = [w for _, w in cols]

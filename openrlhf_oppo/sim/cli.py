@@ -23,7 +23,7 @@ from pathlib import Path
 
 from openrlhf_oppo.core.types import LAG_BUCKETS
 from openrlhf_oppo.sim import drivers, layouts, presets, report
-from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
+from openrlhf_oppo.sim.drivers import NAME_W, SCHEDULE_NAMES
 
 SWEEP_SCHEDULES = ("sync", "oppo-intra", "oppo-inter", "oppo")
 
@@ -110,11 +110,11 @@ def _print_staleness(sim: report.Simulated) -> None:
         return
     print()
     lags = " ".join(f"{'lag ' + b:>6}" for b in LAG_BUCKETS)
-    print(f"{'schedule':<11} {lags} {'stale kv':>8}  delta (measured steps)")
+    print(f"{'schedule':<{NAME_W}} {lags} {'stale kv':>8}  delta (measured steps)")
     for s, st in rows:
         share = {b: statistics.median(x["lag_share"][b] for x in st) for b in LAG_BUCKETS}
         deltas = st[0]["delta"]
-        print(f"{s:<11} " + " ".join(f"{share[b]:>6.2f}" for b in share)
+        print(f"{s:<{NAME_W}} " + " ".join(f"{share[b]:>6.2f}" for b in share)
               + f" {statistics.median(x['stale_kv'] for x in st):>8.2f}  "
               + f"{min(deltas)}-{max(deltas)} (median {statistics.median(deltas):g}; seed {sim.runs[s][0].seed})")
     print("lag b: share of trained response tokens decoded by weights b versions older than those trained "

@@ -17,7 +17,7 @@ from pathlib import Path
 from openrlhf_oppo.bench import schedules as bench_schedules
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts
-from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
+from openrlhf_oppo.sim.drivers import BASELINES, NAME_W, SCHEDULE_NAMES, RunResult, simulate, summarize
 from openrlhf_oppo.sim.presets import SimConfig
 
 ABLATIONS = (("intra", "oppo-intra"), ("inter", "oppo-inter"), ("both", "oppo"))
@@ -81,15 +81,16 @@ def best_layouts(cfg: SimConfig, schedules: tuple[str, ...]) -> tuple[Simulated,
 def print_layouts(sim: Simulated, tried: dict[str, list[tuple[str, float]]] | None = None) -> None:
     """Each schedule's layout (and, after a search, the runner-up), then the schedules refused."""
     print()
-    print(f"{'schedule':<11} {'layout (a node)':<44} {'vLLM mem':>8}" + ("  runner-up (1 seed)" if tried else ""))
+    print(f"{'schedule':<{NAME_W}} {'layout (a node)':<44} {'vLLM mem':>8}" + ("  runner-up (1 seed)" if tried else ""))
     for s, c in sim.layouts.items():
         share = f"{c.workload.kv_cache_fraction:.2f}" if c.hardware is not None else "-"
         extra = ""
         if tried and len(tried[s]) > 1:
             extra = f"  {tried[s][1][0]} {tried[s][1][1]:.2f} s (of {len(tried[s])} layouts)"
-        print(f"{s:<11} {layouts.describe(c.split, layouts.streams_reference_actors(c, s)):<44} {share:>8}{extra}")
+        where = layouts.describe(c.split, layouts.streams_reference_actors(c, s))
+        print(f"{s:<{NAME_W}} {where:<44} {share:>8}{extra}")
     for s, reasons in sim.refused.items():
-        print(f"{s:<11} not simulated: " + "; ".join(reasons))
+        print(f"{s:<{NAME_W}} not simulated: " + "; ".join(reasons))
     print("vLLM mem: its gpu_memory_utilization (colocated without sleep: what training leaves it; beside "
           "streaming actors: what they leave)")
 
@@ -123,10 +124,10 @@ def print_tables(sim: Simulated) -> None:
     bench_schedules.print_report(bench_rows(sim))
     print("(simulated: 'runs' are seeds; 'wall s' is simulated seconds; 'idle' is the reward servers' idle share)")
     print()
-    print(f"{'schedule':<11} {'util rollout':>13} {'util reward':>12} {'util train':>11}")
+    print(f"{'schedule':<{NAME_W}} {'util rollout':>13} {'util reward':>12} {'util train':>11}")
     for s, sums in sim.summaries.items():
         u = {k: statistics.median(x["util"][k] for x in sums) for k in ("rollout", "reward", "train")}
-        print(f"{s:<11} {u['rollout']:>13.2f} {u['reward']:>12.2f} {u['train']:>11.2f}")
+        print(f"{s:<{NAME_W}} {u['rollout']:>13.2f} {u['reward']:>12.2f} {u['train']:>11.2f}")
     print("util: busy device-seconds / (devices x measured window), median over seeds "
           "(rollout: engines decoding; reward: reward servers; train: the training devices)")
 
@@ -161,7 +162,7 @@ def calibration_rows(sim: Simulated) -> list[dict]:
 def print_calibration(sim: Simulated) -> None:
     print()
     print(f"calibration against the paper ({sim.cfg.paper.source}): speedup over sync per step")
-    print(f"{'ablation':<9} {'schedule':<11} {'simulated':>22} {'paper':>6} {'sim/paper':>10}  verdict (±20%)")
+    print(f"{'ablation':<9} {'schedule':<{NAME_W}} {'simulated':>22} {'paper':>6} {'sim/paper':>10}  verdict (±20%)")
     for r in calibration_rows(sim):
         spread = f"{r['simulated']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
         verdict = ("no verdict: the band holds 1.00, no effect" if r["ok"] is None else "within" if r["ok"]
