@@ -135,7 +135,7 @@ def gpus_reserved(args: dict) -> int:
     """GPUs Ray must reserve for OpenRLHF 0.11.2's placement (`train_ppo_ray.train`): vLLM
     engines x TP; the actor's group, the reference's unless colocated with it; the critic's, the
     reward model's unless colocated with the critic; under --train.colocate_all (sync), the
-    actor's group holds everything."""
+    actor's group holds everything; with --train.async_enable too, everything but vLLM."""
     def group(name):
         return args[f"{name}.num_nodes"] * args[f"{name}.num_gpus_per_node"]
 
@@ -145,6 +145,8 @@ def gpus_reserved(args: dict) -> int:
         critic_pg = group("critic") if args["critic.model_name_or_path"] and args["train.colocate_critic_reward"] else 0
         return group("actor") + critic_pg
     total = (args["vllm.num_engines"] or 0) * args["vllm.tensor_parallel_size"] + group("actor")
+    if args["train.colocate_all"]:
+        return total
     if with_ref and not args["train.colocate_actor_ref"]:
         total += group("ref")
     if args["critic.model_name_or_path"]:
@@ -199,6 +201,22 @@ def test_gpus_reserved_counts_the_old_40_gpu_example():
              for k, v in (("num_nodes", 1), ("num_gpus_per_node", 8))}
     assert gpus_reserved(args) == 40
     assert gpus_reserved(args | {"train.colocate_all": True}) == 8
+    assert gpus_reserved(args | {"train.colocate_all": True, "train.async_enable": True}) == 16
+
+
+def test_the_async_preset_is_openrlhfs_async_layout_on_one_8_gpu_node():
+    """configs/cluster/qwen2.5-7b-async-8gpu.yaml: OPPO's async admission, which the driver
+    accepts with --train.async_enable, vLLM on 1 GPU and the DeepSpeed models on the other 7,
+    at batch sizes DeepSpeed takes over 7 ranks."""
+    from openrlhf_oppo.integrations.launch import preflight
+
+    cfg, rest = driver.parse(["--config", str(REPO / "configs" / "cluster" / "qwen2.5-7b-async-8gpu.yaml")])
+    driver.check_flags(rest, cfg)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    assert args["train.colocate_all"] and args["train.async_enable"] and cfg.staleness.max_policy_lag == 2
+    assert gpus_reserved(args) == 8 and args["vllm.num_engines"] * args["vllm.tensor_parallel_size"] == 1
+    assert not driver.streams_rewards(rest, cfg)
+    preflight.check_config(args, [], oppo=True)
 
 
 @pytest.mark.parametrize("path", ["README.md", "docs/quickstart.md", "examples/scripts/train_oppo_multinode.sh",
