@@ -3,8 +3,7 @@
 OpenRLHF's own modes (`sync`, `async`, `partial`, `oversample`, in `drivers.openrlhf`) are
 modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-async`, `oppo-async-inter`,
 `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`, in `drivers.oppo`) are driven by the real
-`OverlapScheduler`. `simulate` runs
-one schedule; `summarize` measures a run.
+`OverlapScheduler`. `simulate` runs one schedule; `summarize` measures a run.
 """
 
 from __future__ import annotations
