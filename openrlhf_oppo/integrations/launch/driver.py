@@ -119,10 +119,11 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
             f"so nothing is admitted early; set --oppo.staleness.max_policy_lag 0 (async admission is for "
             f"vLLM on its own GPUs)"
         )
-    if _given("--rollout.vllm_generate_batch_size", argv) and cfg.delta.enable:
+    if _given("--rollout.vllm_generate_batch_size", argv) and (cfg.delta.enable or
+                                                                _given("--train.async_enable", argv)):
         raise ValueError(
-            "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable: "
-            "OPPO's overcommit Δ replaces over-sampling"
+            "--rollout.vllm_generate_batch_size cannot be combined with --oppo.delta.enable or "
+            "--train.async_enable: OPPO's overcommit Δ replaces over-sampling (its generator admits B + Δ groups)"
         )
     if streams_rewards(argv, cfg):
         for flag, why in STREAMING_REWARD_INCOMPATIBLE.items():

@@ -147,6 +147,10 @@ def test_incompatible_flags_name_both_flags():
     with pytest.raises(ValueError, match=r"--train\.async_enable with OPPO needs --oppo\.staleness\.max_policy_lag"):
         check_flags(rest, cfg)
     check_flags(["--train.async_enable", "--train.colocate_all"], parse(["--oppo.staleness.max_policy_lag", "2"])[0])
+    cfg, rest = parse(["--train.async_enable", "--rollout.vllm_generate_batch_size", "8",
+                       "--oppo.delta.enable", "false", "--oppo.staleness.max_policy_lag", "1"])
+    with pytest.raises(ValueError, match=r"--rollout\.vllm_generate_batch_size cannot be combined .*async_enable"):
+        check_flags(rest, cfg)  # OpenRLHF's over-sampling would be ignored, not refused by OpenRLHF's own check
     cfg, rest = parse(["--rollout.vllm_generate_batch_size", "8"])
     with pytest.raises(ValueError, match=r"--rollout\.vllm_generate_batch_size .* --oppo\.delta\.enable"):
         check_flags(rest, cfg)
