@@ -40,6 +40,7 @@ def print_breakdown(per_schedule: dict[str, dict[str, float] | None], repeat: in
     cols = [*DRIVER_STAGES, "decode_during_train"]
     print(f"where the time goes (repeat {repeat}; seconds a step from the timeline: the driver's stages, and "
           "decoding while it trains)")
-    print(f"{'schedule':12}" + "".join(f"{c:>20}" for c in cols))
+    w = max(12, *(len(s) + 1 for s in rows))
+    print(f"{'schedule':{w}}" + "".join(f"{c:>20}" for c in cols))
     for schedule, b in rows.items():
-        print(f"{schedule:12}" + "".join(f"{b[c]:20.2f}" for c in cols))
+        print(f"{schedule:{w}}" + "".join(f"{b[c]:20.2f}" for c in cols))
