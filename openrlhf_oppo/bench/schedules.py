@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from openrlhf_oppo.bench import breakdown
-from openrlhf_oppo.bench.table import Spread, fmt, relative_spread, spread, table_line
+from openrlhf_oppo.bench.table import Spread, fmt, name_width, relative_spread, spread, table_line
 from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
 STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
@@ -216,8 +216,8 @@ def _percent(x: float | None) -> str:
 def print_report(rows: list[dict]) -> None:
     best = rows[0]["best"] if rows else None
     modes = [r["schedule"] for r in rows if r["openrlhf"]]
-    name_w = max([11, *(len(r["schedule"]) for r in rows)])
-    cols = [("schedule", name_w), ("runs", 5), ("mean step s", 18), ("trained tok/s", 16),
+    cols = [("schedule", name_width(r["schedule"] for r in rows)), ("runs", 5), ("mean step s", 18),
+            ("trained tok/s", 16),
             *((f"x {m}", 18) for m in modes), (f"x best={best or '-'}", 18), ("spread", 7), ("median step s", 18),
             ("wall s", 12), ("reward", 8), ("overlap", 8), ("idle", 6), ("deferred", 8)]
     widths = [w for _, w in cols]

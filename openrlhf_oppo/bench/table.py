@@ -36,3 +36,8 @@ def fmt(fig: Spread, spec: str, show_range: bool = True) -> str:
 def table_line(cells: list[str], widths: list[int]) -> str:
     """One line of a printed table: the first cell left-aligned, the others right-aligned."""
     return " ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths, strict=False)))
+
+
+def name_width(names, floor: int = 11) -> int:
+    """The first column's width: `floor`, or the longest name."""
+    return max([floor, *(len(n) for n in names)])

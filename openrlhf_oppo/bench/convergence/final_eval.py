@@ -8,7 +8,7 @@ from pathlib import Path
 
 from openrlhf_oppo.bench.convergence.numbers import permutation_p
 from openrlhf_oppo.bench.convergence.runs import task_root
-from openrlhf_oppo.bench.table import fmt, spread, table_line
+from openrlhf_oppo.bench.table import fmt, name_width, spread, table_line
 from openrlhf_oppo.tasks import learn
 from openrlhf_oppo.tasks.learn import evaluation
 
@@ -88,7 +88,8 @@ def against(figs: list[dict], ref_figs: list[dict]) -> dict:
 def print_table(fe: dict) -> None:
     print(f"final actors on {fe['prompts']} held-out prompts (prompts.jsonl rows {fe['first_row']}+, "
           f"{fe.get('samples_per_prompt', 1)} samples each at T=1; median [min-max] over seeds):")
-    cols = [("actor", 11), ("exact match", 19), ("learned reward", 22), ("7-14 words", 19), ("15-40 words", 19),
+    name_w = name_width(r["schedule"] for r in fe["rows"])
+    cols = [("actor", name_w), ("exact match", 19), ("learned reward", 22), ("7-14 words", 19), ("15-40 words", 19),
             ("median len", 12), ("at cap", 19)]
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
@@ -102,7 +103,7 @@ def print_table(fe: dict) -> None:
         return
     print(f"against {fe['reference']}, over seeds: is the median within {fe['reference']}'s min-max, the difference "
           f"of the means, its two-sided permutation p")
-    widths = [11, 26, 26, 26]
+    widths = [name_w, 26, 26, 26]
     print(table_line(["actor", "exact match", "learned reward", "at cap"], widths))
     for r in compared:
         cells = [r["schedule"]]

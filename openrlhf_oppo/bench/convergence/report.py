@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from openrlhf_oppo.bench.table import fmt, table_line
+from openrlhf_oppo.bench.table import fmt, name_width, table_line
 
 PLOTS = ("reward_vs_step.png", "reward_vs_time.png", "exact_match_vs_step.png", "length_ks_vs_step.png",
          "reward_gain_vs_step.png")  # the last one where the task has an SFT baseline (learn)
@@ -18,7 +18,8 @@ def _band_cell(band_: dict | None) -> str:
 
 def print_report(summary: dict) -> None:
     ref = summary["reference"]
-    cols = [("schedule", 11), ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
+    cols = [("schedule", name_width(r["schedule"] for r in summary["rows"])),
+            ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
             (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("gain over SFT", 22),
             ("gain in band", 12), ("trained len", 17), ("offpol", 6)]
     widths = [w for _, w in cols]
