@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.bench.table import name_width
 
 DRIVER_STAGES = ("generate", "make_experience", "train", "weight_sync")
 
@@ -40,7 +41,7 @@ def print_breakdown(per_schedule: dict[str, dict[str, float] | None], repeat: in
     cols = [*DRIVER_STAGES, "decode_during_train"]
     print(f"where the time goes (repeat {repeat}; seconds a step from the timeline: the driver's stages, and "
           "decoding while it trains)")
-    w = max(12, *(len(s) + 1 for s in rows))
+    w = name_width(rows) + 1
     print(f"{'schedule':{w}}" + "".join(f"{c:>20}" for c in cols))
     for schedule, b in rows.items():
         print(f"{schedule:{w}}" + "".join(f"{b[c]:20.2f}" for c in cols))

@@ -167,7 +167,8 @@ def print_calibration(sim: Simulated) -> None:
         spread = f"{r['simulated']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
         verdict = ("no verdict: the band holds 1.00, no effect" if r["ok"] is None else "within" if r["ok"]
                    else ("MISS: too low" if r["rel"] < 1 else "MISS: too high"))
-        print(f"{r['ablation']:<9} {r['schedule']:<11} {spread:>22} {r['paper']:>6.2f} {r['rel']:>10.2f}  {verdict}")
+        print(f"{r['ablation']:<9} {r['schedule']:<{NAME_W}} {spread:>22} {r['paper']:>6.2f} {r['rel']:>10.2f}  "
+              f"{verdict}")
     print("simulated: sync's mean step s / the schedule's, seed by seed, median [min-max]; the paper's figures are "
           "time-to-reward speedups (same samples per step, so per-step time is their proxy)")
 
