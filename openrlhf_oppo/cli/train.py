@@ -56,7 +56,6 @@ def _learning(root: Path, steps: int) -> list[str]:
     policy's on the same prompts (the task's data/sft_baseline.jsonl: what the prompts alone
     would give), mean response length and the share at the cap, the first `steps` steps
     against the last; nothing for another task, or a run of fewer than 2 * `steps` steps."""
-
     from openrlhf_oppo.bench.convergence.read import jsonl, load_baseline, load_tokenizer, trained_samples
 
     records = jsonl(root / "rollouts.jsonl")
@@ -95,7 +94,6 @@ def heldout(root: Path) -> list[str]:
     them: exact match, learned reward, the share at the cap. A step's trained samples swing with
     its prompts and loops; these prompts are the same for both. Nothing for another task or
     where no prompt is left out."""
-
     from openrlhf_oppo.bench.convergence import final_eval
     from openrlhf_oppo.tasks import learn
 

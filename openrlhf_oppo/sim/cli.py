@@ -23,7 +23,8 @@ from pathlib import Path
 
 from openrlhf_oppo.core.types import LAG_BUCKETS
 from openrlhf_oppo.sim import drivers, layouts, presets, report
-from openrlhf_oppo.sim.drivers import NAME_W, SCHEDULE_NAMES
+from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
+from openrlhf_oppo.sim.report import NAME_W
 
 SWEEP_SCHEDULES = ("sync", "oppo-intra", "oppo-inter", "oppo")
 

@@ -15,11 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from openrlhf_oppo.bench import schedules as bench_schedules
+from openrlhf_oppo.bench.table import name_width
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts
-from openrlhf_oppo.sim.drivers import BASELINES, NAME_W, SCHEDULE_NAMES, RunResult, simulate, summarize
+from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
 from openrlhf_oppo.sim.presets import SimConfig
 
+NAME_W = name_width(SCHEDULE_NAMES)  # the printed tables' schedule column
 ABLATIONS = (("intra", "oppo-intra"), ("inter", "oppo-inter"), ("both", "oppo"))
 TOLERANCE = 0.20  # a simulated ratio within ±20 % of the paper's counts as reproduced
 

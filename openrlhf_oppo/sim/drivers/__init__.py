@@ -20,7 +20,6 @@ from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 BASELINES = ("sync", "async", "partial", "oversample")
 OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo", "oppo-async", "oppo-async-inter", "oppo-eq4")
 SCHEDULE_NAMES = BASELINES + OPPO_SCHEDULES
-NAME_W = max(map(len, SCHEDULE_NAMES))  # the printed tables' schedule column
 
 
 def simulate(cfg: SimConfig, costs: CostModel, schedule: str, seed: int) -> RunResult:
