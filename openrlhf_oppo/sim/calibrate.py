@@ -7,18 +7,20 @@ Reads each run's timeline (`openrlhf_oppo.timeline`; stage names of
 
     decode      every response after warm-up (`sample` record), its life cut where its engine's
                 batch or the trainer changed -> decode_step_s + decode_per_seq_s * b per iteration,
-                times decode_slowdown_shared while a make_experience / train span runs
+                times decode_slowdown_shared while a make_experience / train span runs, times
+                decode_slowdown_scoring while (the trainer idle) a streaming scorer prefills
                 (`fitting.fit_decode`; responses that span a weight sync left out)
     generate    a `driver generate` span minus the decoding inside it -> generate_overhead_s
     reward      `reward prefill` / `score` spans with token counts -> prefill_call_s + per token
     make_experience / train   `driver` spans against the step's tokens (rollouts.jsonl, padded
                 per micro-batch unless the base packs), slowed by train_slowdown_shared for the
                 share spent beside decoding -> per-token costs + phase_overhead_s
-    weight_sync `driver weight_sync` spans -> weight_sync_s (its median, less the phase overhead)
+    weight_sync `driver weight_sync` spans -> weight_sync_s (their median: the whole sync; sync_overhead_s 0)
     lengths     response lengths of rollouts.jsonl (sequence - prompt tokens), an empirical file
 
-The two shared-host slowdowns can only be seen in runs where decoding and training overlap
-(OPPO's carried responses, OpenRLHF's async modes); without such a run the base's are kept.
+The shared-host slowdowns can only be seen in runs where decoding and training overlap
+(OPPO's carried responses, OpenRLHF's async modes) or decoding and a streaming scorer (OPPO's
+streaming reward); without such a run the base's are kept.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
         syncs += [r["t1"] - r["t0"] for r in timeline.stage_spans(rows, "driver", "weight_sync")][warmup_steps:]
         reward_spans += [r for r in rows if r["kind"] == "span" and r["role"] == "reward"
                          and r["stage"] in ("prefill", "score") and r.get("tokens")]
-    dec = fitting.fit_decode(lives, e.decode_slowdown_shared)
+    dec = fitting.fit_decode(lives, e.decode_slowdown_shared, e.decode_slowdown_scoring or 1.0)
     lines, train_slow, train_slow_measured = fitting.fit_phases(phases, e.train_slowdown_shared)
     (exp_over, exp_tok), (tr_over, tr_tok) = lines.get("make_experience", (0.0, 0.0)), lines.get("train", (0.0, 0.0))
     phase_over = min(exp_over, tr_over)
@@ -98,15 +100,18 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
              "forward_per_token_s": exp_tok / forwards,  # its intercept beyond phase_overhead_s: experience_overhead_s
              "train_per_token_s": _per_token(tr_tok, tr_over - phase_over,
                                              [p.tokens for p in phases if p.stage == "train"]),
-             "weight_sync_s": max(1e-3, sync_s - phase_over)}
+             "weight_sync_s": max(1e-3, sync_s)}
     rew = reward_fit(reward_spans)
     if rew:
         costs.update(prefill_call_s=rew["prefill_call_s"], prefill_per_token_s=rew["prefill_per_token_s"])
     efficiency = {"phase_overhead_s": phase_over, "generate_overhead_s": statistics.median(gen_over),
                   "experience_overhead_s": exp_over - phase_over,
-                  "decode_slowdown_shared": dec.slowdown, "train_slowdown_shared": train_slow}
+                  "decode_slowdown_shared": dec.slowdown, "train_slowdown_shared": train_slow,
+                  "decode_slowdown_scoring": dec.scoring if dec.scoring_measured else e.decode_slowdown_scoring,
+                  "sync_overhead_s": 0.0}
     notes = {"responses": dec.responses, "steps": len(exp_tokens), "reward_calls": rew["calls"] if rew else 0,
              "forwards": forwards, "decode_slowdown_measured": dec.slowdown_measured,
+             "decode_scoring_measured": dec.scoring_measured,
              "train_slowdown_measured": train_slow_measured, "overheads": (exp_over, tr_over)}
     return {"costs": costs, "efficiency": efficiency, "lengths": lengths, "notes": notes}
 
@@ -157,12 +162,15 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
         f"{n['reward_calls']} reward calls with token counts.",
         "# decode: each response's life cut where its engine's batch b or the trainer changed;",
         "# tokens = sum of seconds / ((decode_step_s + decode_per_seq_s * b) x decode_slowdown_shared",
-        "# while a make_experience / train span runs), Gauss-Newton weighted by tokens;",
-        f"# decode_slowdown_shared {seen[n['decode_slowdown_measured']]}.",
+        "# while a make_experience / train span runs, x decode_slowdown_scoring while, the trainer idle,",
+        "# a streaming scorer prefills), Gauss-Newton weighted by tokens;",
+        f"# decode_slowdown_shared {seen[n['decode_slowdown_measured']]}; decode_slowdown_scoring "
+        f"{seen[n['decode_scoring_measured']].replace('overlap', 'streaming scorer')}.",
         "# make_experience and train: driver spans vs the step's tokens, x train_slowdown_shared for the",
         f"# share of the span beside decoding (one factor for both; {seen[n['train_slowdown_measured']]});",
         f"# forward_per_token_s = the fit / {n['forwards']} forwards; phase_overhead_s = the smaller intercept",
-        f"# (make_experience {exp_over:.3f} s, train {tr_over:.3f} s), experience_overhead_s the rest.",
+        f"# (make_experience {exp_over:.3f} s, train {tr_over:.3f} s), experience_overhead_s the rest;",
+        "# weight_sync_s = the median weight_sync span, the whole sync (sync_overhead_s 0).",
         f"# lengths: {len(found['lengths'])} responses of rollouts.jsonl (sequence - {prompt_tokens} prompt tokens).",
         f"# Split, workload and oppo sections: from the base preset {base_name}.",
         "",

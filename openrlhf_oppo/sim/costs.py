@@ -61,6 +61,8 @@ class CostModel:
     critic_train_share: float = 0.0  # the critic's share of the pooled update's flops
     fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
     experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
+    sync_overhead_s: float = 0.0  # per weight sync, beyond weight_sync_s
+    decode_slowdown_scoring: float = 0.0  # scorer_on_engines: 0, the engine stops while its scorer prefills; else x
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """One engine iteration with `batch` running sequences holding `context_tokens` in all."""
@@ -169,6 +171,8 @@ def _layout(cfg: SimConfig) -> dict:
     return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0, sleep_transfer_s=sleep,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
                 experience_overhead_s=e.experience_overhead_s,
+                sync_overhead_s=e.phase_overhead_s if e.sync_overhead_s < 0 else e.sync_overhead_s,
+                decode_slowdown_scoring=e.decode_slowdown_scoring,
                 decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)
 
 

@@ -89,7 +89,7 @@ class Request:
 
 class _Engine:
     __slots__ = ("index", "running", "waiting", "pauses", "epoch", "seg_start_s", "seg_steps", "seg_factor",
-                 "busy")
+                 "busy", "beside")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -101,6 +101,7 @@ class _Engine:
         self.seg_steps = 0
         self.seg_factor = 1.0
         self.busy: list[tuple[float, float]] = []  # decoding intervals (utilisation)
+        self.beside = 1.0  # decode slowdown from a scorer prefilling on the same host (`Rollout.slow`)
 
 
 Listener = Callable[[int, list, list, float], None]  # (engine, crossed chunk boundary, finished, now)
@@ -167,6 +168,16 @@ class Rollout:
             eng = self.engines[i]
             eng.pauses -= 1
             assert eng.pauses >= 0, "resume without pause"
+            self._plan(eng, now_s)
+
+    def slow(self, engine: int, factor: float, now_s: float) -> None:
+        """A scorer on engine `engine`'s host starts (factor > 1) or stops (1) a prefill. The engine
+        decodes on at the larger of this and the trainer's factor (`calibrate` measures the scorer's
+        while the trainer is idle; beside the trainer its factor stands for both)."""
+        eng = self.engines[engine]
+        if factor != eng.beside:
+            self._cut(eng, now_s)
+            eng.beside = factor
             self._plan(eng, now_s)
 
     def set_factor(self, factor: float, now_s: float) -> None:
@@ -259,8 +270,9 @@ class Rollout:
             return
         k = self._steps_to_event(eng)
         ctx = sum(r.prompt_tokens + r.done for r in eng.running)
-        dt = self.costs.decode_run_s(len(eng.running), ctx, k) * self.factor
-        eng.seg_start_s, eng.seg_steps, eng.seg_factor = now_s, k, self.factor
+        factor = max(self.factor, eng.beside)
+        dt = self.costs.decode_run_s(len(eng.running), ctx, k) * factor
+        eng.seg_start_s, eng.seg_steps, eng.seg_factor = now_s, k, factor
         self.loop.at(now_s + dt, self._segment_done, eng, eng.epoch)
 
     def _advance(self, eng: _Engine, steps: int, now_s: float) -> None:
@@ -305,7 +317,8 @@ class Scorer:
 
     A server that is idle takes every chunk queued for it (up to `max_call_tokens`) as one
     batched forward. `on_done(items, now)` is called when a call ends. With
-    `scorer_on_engines`, server i shares engine i's devices: the engine pauses while it prefills.
+    `scorer_on_engines`, server i shares engine i's devices: the engine pauses while it prefills,
+    or, on a CPU host's shared cores (`decode_slowdown_scoring` > 0), decodes on that much slower.
     """
 
     def __init__(self, loop: EventLoop, costs: CostModel, recorder: Recorder, rollout: Rollout,
@@ -350,9 +363,19 @@ class Scorer:
         # (cached prefix, new tokens): a sample's first chunk prefills its prompt too
         dt = self.costs.prefill_s([(it[4] + it[1], it[2] - it[1]) if it[1] else (0, it[4] + it[2]) for it in items])
         if self.costs.scorer_on_engines:
-            self.rollout.pause(now_s, [q % len(self.rollout.engines)])
+            self._beside(q, now_s, start=True)
         self.active[q] = True
         self.loop.at(now_s + dt, self._done, q, items, now_s)
+
+    def _beside(self, q: int, now_s: float, start: bool) -> None:
+        """A prefill on engine q's devices starts or ends: the engine stops, or decodes on slower."""
+        engine, slowdown = q % len(self.rollout.engines), self.costs.decode_slowdown_scoring
+        if slowdown:
+            self.rollout.slow(engine, slowdown if start else 1.0, now_s)
+        elif start:
+            self.rollout.pause(now_s, [engine])
+        else:
+            self.rollout.resume(now_s, [engine])
 
     def _done(self, q: int, items: list[tuple], t0_s: float) -> None:
         now_s = self.loop.now_s
@@ -361,6 +384,6 @@ class Scorer:
         stage = "score" if all(it[3] for it in items) else "prefill"
         self.recorder.span(self.role, q, stage, t0_s, now_s, tokens=sum(it[2] - it[1] for it in items))
         if self.costs.scorer_on_engines:
-            self.rollout.resume(now_s, [q % len(self.rollout.engines)])
+            self._beside(q, now_s, start=False)
         self.on_done(items, now_s)
         self._start(q, now_s)

@@ -1,14 +1,19 @@
 """The fits `simulate calibrate` makes on a run's timeline (stdlib only).
 
 Decode (the simulator's engine: one iteration gives every running response a token and costs
-``step + per_seq * b``, times ``slowdown`` while the trainer works on the same host)::
+``step + per_seq * b``, times ``slowdown`` while the trainer works on the same host, times
+``scoring`` while a streaming scorer prefills on it)::
 
-    tokens_i = sum over the pieces k of response i's life of  seconds_k / ((step + per_seq * b_k) * slowdown^train_k)
+    tokens_i = sum over the pieces k of response i's life of
+               seconds_k / ((step + per_seq * b_k) * slowdown^train_k * scoring^score_k)
 
 with ``b_k`` the responses its engine was decoding during piece k (from every `open`/`sample`
-record of that engine) and ``train_k`` whether a `driver make_experience` / `train` span was
-running. The three costs minimise sum_i tokens_i * (predicted_i / tokens_i - 1)^2 (Gauss-Newton):
-a long response weighs what it costs, and a short one's fixed start-up latency hardly counts.
+record of that engine), ``train_k`` whether a `driver make_experience` / `train` span was
+running and ``score_k`` whether, the trainer idle, a `reward` / `ref` prefill or score span was
+(the reward forward inside OpenRLHF's make_experience counts as the trainer's). The four costs
+minimise sum_i tokens_i * (predicted_i / tokens_i - 1)^2 (Gauss-Newton): a long response weighs
+what it costs, and a short one's fixed start-up latency hardly counts. A factor whose condition
+never occurs keeps its prior.
 
 Phases (make_experience, train) on a shared host: ``seconds = overhead + per_token * tokens *
 (1 + (slowdown - 1) * f)``, ``f`` the share of the span during which some response was decoding;
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from openrlhf_oppo import timeline
 
 TRAIN_STAGES = ("make_experience", "train")  # driver spans during which the trainer computes
+SCORER_ROLES = ("reward", "ref")  # OPPO's streaming scorers: their prefill / score spans
 
 
 @dataclass(frozen=True)
@@ -31,12 +37,12 @@ class DecodeLife:
 
     Attributes:
         tokens (int): tokens it decoded.
-        seconds (dict[tuple[int, bool], float]): (responses its engine decoded at once, the trainer
-            computing beside it) -> seconds of its life spent so.
+        seconds (dict[tuple[int, bool, bool], float]): (responses its engine decoded at once, the
+            trainer computing beside it, a scorer prefilling beside it) -> seconds of its life spent so.
     """
 
     tokens: int
-    seconds: dict[tuple[int, bool], float]
+    seconds: dict[tuple[int, bool, bool], float]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class DecodeFit:
     slowdown: float  # iterations take this many times longer while the trainer computes
     slowdown_measured: bool  # False: no response decoded beside the trainer, `slowdown` is the prior
     responses: int
+    scoring: float = 1.0  # ... while a streaming scorer prefills on the same host
+    scoring_measured: bool = False  # False: no response decoded beside a scorer, `scoring` is the prior
 
 
 def weighted_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float]:
@@ -81,11 +89,16 @@ def trainer_intervals(rows: list[dict]) -> list[tuple[float, float]]:
                            for r in timeline.stage_spans(rows, "driver", stage)])
 
 
+def scorer_intervals(rows: list[dict]) -> list[tuple[float, float]]:
+    return timeline.merge([(r["t0"], r["t1"]) for r in rows if r["kind"] == "span" and r["role"] in SCORER_ROLES
+                           and r["stage"] in ("prefill", "score")])
+
+
 def decode_lives(rows: list[dict], warmup_steps: int) -> list[DecodeLife]:
     """Every response finished after warm-up with >= 2 tokens, its life cut into pieces; a
     response whose life spans a weight sync (its engine paused or reloaded) is left out."""
     syncs = [(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", "weight_sync")]
-    busy = trainer_intervals(rows)
+    busy, scoring = trainer_intervals(rows), scorer_intervals(rows)
     cut_s = warmup_end_s(rows, warmup_steps)
     end_s = max(r["t1"] for r in rows)
     finished = {(timeline.worker(r), r["key"]) for r in rows if r["kind"] == "sample"}
@@ -95,13 +108,14 @@ def decode_lives(rows: list[dict], warmup_steps: int) -> list[DecodeLife]:
             by_engine.setdefault(timeline.worker(r), []).append(r if r["kind"] == "sample" else {**r, "t1": end_s})
     lives = []
     for lives_on_engine in by_engine.values():
-        edges = sorted({t for r in lives_on_engine for t in (r["t0"], r["t1"])} | {t for iv in busy for t in iv})
-        pieces = _pieces(edges, lives_on_engine, busy)
+        edges = sorted({t for r in lives_on_engine for t in (r["t0"], r["t1"])}
+                       | {t for iv in busy + scoring for t in iv})
+        pieces = _pieces(edges, lives_on_engine, busy, scoring)
         for r in lives_on_engine:
             if (r["kind"] != "sample" or r.get("tokens", 0) < 2 or r.get("finish") == "abort" or r["t0"] < cut_s
                     or r["t1"] <= r["t0"] or any(r["t0"] < b and r["t1"] > a for a, b in syncs)):
                 continue
-            seconds: dict[tuple[int, bool], float] = {}
+            seconds: dict[tuple[int, bool, bool], float] = {}
             for i in range(bisect.bisect_left(edges, r["t0"]), bisect.bisect_left(edges, r["t1"])):
                 key, dt = pieces[i]
                 seconds[key] = seconds.get(key, 0.0) + dt
@@ -109,8 +123,10 @@ def decode_lives(rows: list[dict], warmup_steps: int) -> list[DecodeLife]:
     return lives
 
 
-def _pieces(edges: list[float], lives: list[dict], busy: list[tuple[float, float]]) -> list[tuple[tuple, float]]:
-    """((responses decoding, trainer computing), seconds) of each gap between consecutive edges."""
+def _pieces(edges: list[float], lives: list[dict], busy: list[tuple[float, float]],
+            scoring: list[tuple[float, float]]) -> list[tuple[tuple, float]]:
+    """((responses decoding, trainer computing, a scorer prefilling while the trainer does not),
+    seconds) of each gap between consecutive edges."""
     delta = [0] * (len(edges) + 1)
     for r in lives:
         delta[bisect.bisect_left(edges, r["t0"])] += 1
@@ -119,71 +135,88 @@ def _pieces(edges: list[float], lives: list[dict], busy: list[tuple[float, float
     for i, (a, b) in enumerate(zip(edges, edges[1:])):
         running += delta[i]
         mid = (a + b) / 2
-        j = bisect.bisect_right(busy, (mid, float("inf"))) - 1
-        out.append(((running, j >= 0 and busy[j][0] <= mid < busy[j][1]), b - a))
+        train = _inside(busy, mid)
+        out.append(((running, train, not train and _inside(scoring, mid)), b - a))
     return out
 
 
-def fit_decode(lives: list[DecodeLife], prior_slowdown: float) -> DecodeFit:
+def _inside(intervals: list[tuple[float, float]], t: float) -> bool:
+    """`t` in one of the sorted, disjoint `intervals`."""
+    j = bisect.bisect_right(intervals, (t, float("inf"))) - 1
+    return j >= 0 and intervals[j][0] <= t < intervals[j][1]
+
+
+_LOWER = (1e-7, 0.0, 1.0, 1.0)  # step, per_seq, slowdown, scoring: a neighbour never speeds decoding up
+
+
+def fit_decode(lives: list[DecodeLife], prior_slowdown: float, prior_scoring: float = 1.0) -> DecodeFit:
     """The decode costs of the docstring's model (Gauss-Newton from the per-response line)."""
     if not lives:
         raise ValueError("no finished response in the timelines (`sample` records of role rollout)")
-    measured = any(train and dt > 0 for life in lives for (_, train), dt in life.seconds.items())
+    measured = [any(key[c] and dt > 0 for life in lives for key, dt in life.seconds.items()) for c in (1, 2)]
     xs, ys, ws = [], [], []
     for life in lives:
         dur = sum(life.seconds.values())
-        xs.append(sum(n * dt for (n, _), dt in life.seconds.items()) / dur)
+        xs.append(sum(key[0] * dt for key, dt in life.seconds.items()) / dur)
         ys.append(dur / life.tokens)
         ws.append(float(life.tokens))
     a, b = nonneg_line(xs, ys, ws)
-    p = [max(a, 1e-6), max(b, 0.0), prior_slowdown if measured else 1.0]
+    free = [True, True, *measured]
+    p = [max(a, 1e-6), max(b, 0.0), prior_slowdown if measured[0] else 1.0, prior_scoring if measured[1] else 1.0]
     for _ in range(200):
-        step = _gauss_newton_step(lives, p, measured)
-        new = [max(p[0] + step[0], 1e-7), max(p[1] + step[1], 0.0), max(p[2] + step[2], 1.0) if measured else p[2]]
+        step = _gauss_newton_step(lives, p, free)
+        new = [max(x + dx, low) if f else x for x, dx, f, low in zip(p, step, free, _LOWER)]
         if _loss(lives, new) > _loss(lives, p):  # halve a step that overshoots
             new = [(x + y) / 2 for x, y in zip(p, new)]
         done = all(abs(x - y) <= 1e-12 + 1e-10 * abs(y) for x, y in zip(new, p))
         p = new
         if done:
             break
-    return DecodeFit(p[0], p[1], p[2] if measured else prior_slowdown, measured, len(lives))
+    return DecodeFit(p[0], p[1], p[2] if measured[0] else prior_slowdown, measured[0], len(lives),
+                     p[3] if measured[1] else prior_scoring, measured[1])
 
 
 def _predict(life: DecodeLife, p: list[float]) -> tuple[float, list[float]]:
-    """Predicted tokens and their gradient in (step, per_seq, slowdown)."""
-    a, b, s = p
-    tok, ga, gb, gs = 0.0, 0.0, 0.0, 0.0
-    for (n, train), dt in life.seconds.items():
-        f = s if train else 1.0
+    """Predicted tokens and their gradient in (step, per_seq, slowdown, scoring)."""
+    a, b, s, r = p
+    tok, grad = 0.0, [0.0] * 4
+    for (n, train, score), dt in life.seconds.items():
+        f = (s if train else 1.0) * (r if score else 1.0)
         it = (a + b * n) * f
         x = dt / it
         tok += x
-        ga -= x * f / it
-        gb -= x * n * f / it
+        grad[0] -= x * f / it
+        grad[1] -= x * n * f / it
         if train:
-            gs -= x / s
-    return tok, [ga, gb, gs]
+            grad[2] -= x / s
+        if score:
+            grad[3] -= x / r
+    return tok, grad
 
 
 def _loss(lives: list[DecodeLife], p: list[float]) -> float:
     return sum(life.tokens * (_predict(life, p)[0] / life.tokens - 1.0) ** 2 for life in lives)
 
 
-def _gauss_newton_step(lives: list[DecodeLife], p: list[float], fit_slowdown: bool) -> list[float]:
-    dim = 3 if fit_slowdown else 2
-    jtj = [[0.0] * dim for _ in range(dim)]
-    jtr = [0.0] * dim
+def _gauss_newton_step(lives: list[DecodeLife], p: list[float], free: list[bool]) -> list[float]:
+    idx = [i for i, f in enumerate(free) if f]
+    jtj = [[0.0] * len(idx) for _ in idx]
+    jtr = [0.0] * len(idx)
     for life in lives:
         tok, grad = _predict(life, p)
         w = 1.0 / life.tokens  # residual sqrt(tokens) * (pred / tokens - 1)
         r = tok - life.tokens
-        for i in range(dim):
-            jtr[i] += w * grad[i] * r
-            for j in range(dim):
-                jtj[i][j] += w * grad[i] * grad[j]
-    for i in range(dim):
+        g = [grad[i] for i in idx]
+        for i in range(len(idx)):
+            jtr[i] += w * g[i] * r
+            for j in range(len(idx)):
+                jtj[i][j] += w * g[i] * g[j]
+    for i in range(len(idx)):
         jtj[i][i] *= 1.0 + 1e-9  # Levenberg's damping, for a flat direction
-    return [-x for x in _solve(jtj, jtr)] + [0.0] * (3 - dim)
+    step = [0.0] * len(p)
+    for i, dx in zip(idx, _solve(jtj, jtr)):
+        step[i] = -dx
+    return step
 
 
 def _solve(m: list[list[float]], v: list[float]) -> list[float]:

@@ -237,7 +237,7 @@ class World:
     def sync_s(self) -> float:
         """A weight sync's duration (with the hybrid engine, vLLM wakes first)."""
         c = self.costs
-        return c.sleep_transfer_s + c.weight_sync_s + c.phase_overhead_s
+        return c.sleep_transfer_s + c.weight_sync_s + c.sync_overhead_s
 
     def _synced(self, now_s: float) -> None:
         self.version += 1

@@ -7,10 +7,11 @@ import pytest
 from openrlhf_oppo.sim import fitting
 
 STEP_S, PER_SEQ_S, DECODE_SLOW = 0.004, 0.001, 2.5  # an iteration: (0.004 + 0.001 b) x 2.5 beside training
+SCORING = 1.3  # ... x 1.3 beside a streaming scorer's prefill (the trainer idle)
 
 
-def span(stage, t0, t1):
-    return {"kind": "span", "role": "driver", "host": "n0", "pid": 1, "stage": stage, "t0": t0, "t1": t1}
+def span(stage, t0, t1, role="driver"):
+    return {"kind": "span", "role": role, "host": "n0", "pid": 1, "stage": stage, "t0": t0, "t1": t1}
 
 
 def response(t0, t1, tokens, key):
@@ -20,10 +21,13 @@ def response(t0, t1, tokens, key):
 
 
 def test_a_life_is_cut_where_the_batch_or_the_trainer_changes():
-    rows = response(0.0, 10.0, 100, 0) + response(2.0, 6.0, 50, 1) + [span("train", 5.0, 8.0)]
+    rows = (response(0.0, 10.0, 100, 0) + response(2.0, 6.0, 50, 1) + [span("train", 5.0, 8.0)]
+            + [span("prefill", 1.0, 1.5, role="reward"), span("score", 7.0, 9.0, role="reward")])
     lives = sorted(fitting.decode_lives(rows, warmup_steps=0), key=lambda life: -life.tokens)
-    assert lives[0].seconds == pytest.approx({(1, False): 4.0, (2, False): 3.0, (2, True): 1.0, (1, True): 2.0})
-    assert lives[1].seconds == pytest.approx({(2, False): 3.0, (2, True): 1.0})
+    # a scorer's span counts only while the trainer is idle (7-8 is the trainer's)
+    assert lives[0].seconds == pytest.approx({(1, False, False): 2.5, (1, False, True): 1.5, (2, False, False): 3.0,
+                                              (2, True, False): 1.0, (1, True, False): 2.0})
+    assert lives[1].seconds == pytest.approx({(2, False, False): 3.0, (2, True, False): 1.0})
 
 
 def test_responses_before_the_warm_up_syncs_end_or_across_a_sync_are_left_out():
@@ -33,25 +37,29 @@ def test_responses_before_the_warm_up_syncs_end_or_across_a_sync_are_left_out():
     assert len(fitting.decode_lives(rows, warmup_steps=2)) == 1
 
 
-def test_the_decode_fit_recovers_the_iteration_cost_and_the_slowdown_beside_training():
+def test_the_decode_fit_recovers_the_iteration_cost_and_the_slowdowns_beside_training_and_scoring():
     rows, t, key = [], 0.0, 0
-    for b, tokens, beside in [(1, 200, False), (4, 100, False), (8, 50, False), (2, 120, True), (6, 80, True)]:
-        dur = tokens * (STEP_S + PER_SEQ_S * b) * (DECODE_SLOW if beside else 1.0)
+    for b, tokens, beside in [(1, 200, ""), (4, 100, ""), (8, 50, ""), (2, 120, "train"), (6, 80, "train"),
+                              (3, 90, "score"), (5, 40, "score")]:
+        dur = tokens * (STEP_S + PER_SEQ_S * b) * {"": 1.0, "train": DECODE_SLOW, "score": SCORING}[beside]
         for _ in range(b):
             rows += response(t, t + dur, tokens, key)
             key += 1
         if beside:
-            rows.append(span("make_experience", t, t + dur))
+            rows.append(span("make_experience", t, t + dur) if beside == "train"
+                        else span("prefill", t, t + dur, role="ref"))
         t += dur + 1.0
     fit = fitting.fit_decode(fitting.decode_lives(rows, 0), prior_slowdown=1.5)
-    assert (fit.step_s, fit.per_seq_s, fit.slowdown) == pytest.approx((STEP_S, PER_SEQ_S, DECODE_SLOW))
-    assert fit.slowdown_measured and fit.responses == 21
+    assert (fit.step_s, fit.per_seq_s, fit.slowdown, fit.scoring) == pytest.approx(
+        (STEP_S, PER_SEQ_S, DECODE_SLOW, SCORING))
+    assert fit.slowdown_measured and fit.scoring_measured and fit.responses == 29
 
 
 def test_without_decoding_beside_training_the_decode_slowdown_is_the_prior():
     rows = response(0.0, 1.0, 200, 0) + response(2.0, 2.5, 50, 1) + response(2.0, 2.5, 50, 2)
-    fit = fitting.fit_decode(fitting.decode_lives(rows, 0), prior_slowdown=1.5)
+    fit = fitting.fit_decode(fitting.decode_lives(rows, 0), prior_slowdown=1.5, prior_scoring=0.0)
     assert not fit.slowdown_measured and fit.slowdown == 1.5
+    assert not fit.scoring_measured and fit.scoring == 0.0
 
 
 def test_the_phase_fit_recovers_each_line_and_the_shared_slowdown():

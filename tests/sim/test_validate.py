@@ -41,6 +41,20 @@ def test_every_schedule_within_and_in_the_measured_order_passes(capsys):
     assert "measured order (fastest first):  async < sync" in out and "verdict: PASS (2/2" in out
 
 
+def test_schedules_whose_repeats_overlap_are_a_tie_either_order_stands(capsys):
+    measured = {"oversample": [1.58, 1.60, 1.79], "oppo": [1.62, 1.63], "sync": [2.30, 2.68]}
+    v = validate.compare(measured, {"oversample": [1.7], "oppo": [1.6], "sync": [2.3]}, 0.25)
+    assert v.measured_order == ("oversample", "oppo", "sync") and v.simulated_order == ("oppo", "oversample", "sync")
+    assert v.order_reproduced and v.passed
+    validate.print_validation(v, "title", "replay")
+    assert "oversample ≈ oppo < sync" in capsys.readouterr().out
+    # a pair the repeats do order, simulated the other way round, still fails
+    v = validate.compare(measured, {"oversample": [1.7], "oppo": [2.4], "sync": [2.3]}, 0.25)
+    assert v.swapped == (("oppo", "sync"),) and not v.passed
+    validate.print_validation(v, "title", "replay")
+    assert "NOT reproduced: oppo measured faster than sync" in capsys.readouterr().out
+
+
 def test_the_tolerance_must_be_a_fraction():
     with pytest.raises(ValueError, match="--tolerance"):
         validate.compare({"sync": [1.0]}, {"sync": [1.0]}, 1.5)
@@ -82,11 +96,13 @@ def test_leave_one_out_calibrates_without_the_held_out_schedules_runs(tmp_path, 
     from openrlhf_oppo.sim import calibrate
 
     runs = {Path(f"/r/{s}-{k}"): {"steps": 16} for s in ("sync", "oppo", "async") for k in (0, 1)}
-    calibrated, replays = [], []
+    calibrated, replays, priors = [], [], set()
 
     def fake_calibrate(seen, base, prompt_tokens, warmup_steps):
         calibrated.append({validate.schedule_of(r) for r in seen})
-        return {"efficiency": {"train_slowdown_shared": 1.0 + len(calibrated) / 10}}
+        priors.add(tuple(getattr(base.efficiency, k) for k in validate.SHARED_HOST_FACTORS))
+        return {"efficiency": {"train_slowdown_shared": 1.0 + len(calibrated) / 10, "decode_slowdown_shared": 2.0,
+                               "decode_slowdown_scoring": 0.0}}
 
     def fake_replayed(unseen, preset, sets, tmp):
         replays.append(({validate.schedule_of(r) for r in unseen}, Path(preset).name))
@@ -99,4 +115,7 @@ def test_leave_one_out_calibrates_without_the_held_out_schedules_runs(tmp_path, 
     assert calibrated == [{"oppo", "sync"}, {"async", "sync"}, {"async", "oppo"}]  # held: async, oppo, sync
     assert replays == [({"async"}, "without-async.yaml"), ({"oppo"}, "without-oppo.yaml"),
                        ({"sync"}, "without-sync.yaml")]
-    assert set(simulated) == {"sync", "oppo", "async"} and slowdowns == {"async": 1.1, "oppo": 1.2, "sync": 1.3}
+    assert set(simulated) == {"sync", "oppo", "async"}
+    assert {s: k["train_slowdown_shared"] for s, k in slowdowns.items()} == {"async": 1.1, "oppo": 1.2, "sync": 1.3}
+    # the shipped preset's fitted factors (its runs include the held-out schedule's) do not leak in
+    assert priors == {(1.0, 1.0, 0.0)}

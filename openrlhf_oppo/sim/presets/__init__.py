@@ -160,6 +160,12 @@ class Efficiency:
     decode_slowdown_shared: float = _f(1.0, "Decode step time factor while another role computes on the "
                                             "same host (1: none; a CPU host's shared cores: above 1).")
     train_slowdown_shared: float = _f(1.0, "Train/forward time factor while engines decode on the same host.")
+    decode_slowdown_scoring: float = _f(0.0, "Streaming scorers beside the engines (`split.score_gpus` 0): 0, an "
+                                             "engine stops while its scorer prefills (one device, they take turns); "
+                                             "above 0, a CPU host's shared cores: it decodes on, each iteration this "
+                                             "many times longer (`simulate calibrate`).")
+    sync_overhead_s: float = _f(-1.0, "Per weight sync beyond `weight_sync_base_s` and the broadcast (-1: "
+                                      "phase_overhead_s; a measured preset: 0, its weight_sync_s is the whole sync).")
 
 
 @dataclass(frozen=True)
