@@ -13,8 +13,10 @@ Reads each run's timeline (`openrlhf_oppo.timeline`; stage names of
     generate    a `driver generate` span minus the decoding inside it -> generate_overhead_s
     reward      `reward prefill` / `score` spans with token counts -> prefill_call_s + per token
     make_experience / train   `driver` spans against the step's tokens (rollouts.jsonl, padded
-                per micro-batch unless the base packs), slowed by train_slowdown_shared for the
-                share spent beside decoding -> per-token costs + phase_overhead_s
+                per micro-batch unless the base packs; make_experience's times its forwards,
+                the reward model's where the run did not stream it), slowed by
+                train_slowdown_shared for the share spent beside decoding -> per-token costs +
+                phase_overhead_s
     weight_sync `driver weight_sync` spans -> weight_sync_s (their median: the whole sync; sync_overhead_s 0)
     lengths     response lengths of rollouts.jsonl (sequence - prompt tokens), an empirical file
 
@@ -76,7 +78,6 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
     """Measured costs and lengths of the runs, as preset sections."""
     lives, phases, syncs, lengths, gen_over, reward_spans = [], [], [], [], [], []
     w, e = base.workload, base.efficiency
-    forwards = 1 + int(w.reference) + int(w.critic)
     for run in run_dirs:
         tl, ro = run / "timeline", run / "rollouts.jsonl"
         if not tl.is_dir() or not ro.exists():
@@ -86,7 +87,7 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
         lengths += lens
         gen_over.append(generate_overhead(rows))
         lives += fitting.decode_lives(rows, warmup_steps)
-        phases += phase_points(rows, per_step, warmup_steps)
+        phases += phase_points(rows, per_step, warmup_steps, experience_forwards(rows, w))
         syncs += [r["t1"] - r["t0"] for r in timeline.stage_spans(rows, "driver", "weight_sync")][warmup_steps:]
         reward_spans += [r for r in rows if r["kind"] == "span" and r["role"] == "reward"
                          and r["stage"] in ("prefill", "score") and r.get("tokens")]
@@ -97,7 +98,8 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
     sync_s = statistics.median(syncs) if syncs else 0.0
     exp_tokens = [p.tokens for p in phases if p.stage == "make_experience"]
     costs = {"decode_step_s": dec.step_s, "decode_per_seq_s": dec.per_seq_s, "decode_per_context_token_s": 0.0,
-             "forward_per_token_s": exp_tok / forwards,  # its intercept beyond phase_overhead_s: experience_overhead_s
+             "forward_per_token_s": exp_tok,  # per token of one forward; the intercept beyond phase_overhead_s
+             # is experience_overhead_s
              "train_per_token_s": _per_token(tr_tok, tr_over - phase_over,
                                              [p.tokens for p in phases if p.stage == "train"]),
              "weight_sync_s": max(1e-3, sync_s)}
@@ -110,23 +112,34 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
                   "decode_slowdown_scoring": dec.scoring if dec.scoring_measured else e.decode_slowdown_scoring,
                   "sync_overhead_s": 0.0}
     notes = {"responses": dec.responses, "steps": len(exp_tokens), "reward_calls": rew["calls"] if rew else 0,
-             "forwards": forwards, "decode_slowdown_measured": dec.slowdown_measured,
+             "decode_slowdown_measured": dec.slowdown_measured,
              "decode_scoring_measured": dec.scoring_measured,
              "train_slowdown_measured": train_slow_measured, "overheads": (exp_over, tr_over)}
     return {"costs": costs, "efficiency": efficiency, "lengths": lengths, "notes": notes}
 
 
-def phase_points(rows: list[dict], per_step: list[int], warmup_steps: int) -> list[fitting.PhasePoint]:
-    """Each step's make_experience and train spans after warm-up, with the step's tokens and the
-    share of the span during which some response was decoding (on a shared host: slower)."""
+def experience_forwards(rows: list[dict], w: presets.Workload) -> int:
+    """The forwards make_experience runs over a step's tokens: old log-probs, the reference and
+    the critic as the base has them, and the reward model unless the run streamed it (its
+    `reward prefill` spans)."""
+    streamed = any(r["kind"] == "span" and r["role"] == "reward" and r["stage"] == "prefill" for r in rows)
+    return 1 + int(w.reference) + int(w.critic) + int(w.reward_model and not streamed)
+
+
+def phase_points(rows: list[dict], per_step: list[int], warmup_steps: int,
+                 forwards: int = 1) -> list[fitting.PhasePoint]:
+    """Each step's make_experience and train spans after warm-up, with the tokens the phase
+    processes (make_experience: the step's tokens x its `forwards`) and the share of the span
+    during which some response was decoding (on a shared host: slower)."""
     decoding = timeline.merge([(r["t0"], r["t1"]) for r in rows if r["kind"] == "sample"])
     out = []
     for stage in fitting.TRAIN_STAGES:
         spans = timeline.stage_spans(rows, "driver", stage)
+        scale = forwards if stage == "make_experience" else 1
         for r, tokens in list(zip(spans, per_step))[warmup_steps:]:
             dur = r["t1"] - r["t0"]
             share = timeline.covered_s(decoding, r["t0"], r["t1"]) / dur if dur > 0 else 0.0
-            out.append(fitting.PhasePoint(stage, float(tokens), dur, share))
+            out.append(fitting.PhasePoint(stage, float(tokens * scale), dur, share))
     return out
 
 
@@ -168,7 +181,8 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
         f"{seen[n['decode_scoring_measured']].replace('overlap', 'streaming scorer')}.",
         "# make_experience and train: driver spans vs the step's tokens, x train_slowdown_shared for the",
         f"# share of the span beside decoding (one factor for both; {seen[n['train_slowdown_measured']]});",
-        f"# forward_per_token_s = the fit / {n['forwards']} forwards; phase_overhead_s = the smaller intercept",
+        "# forward_per_token_s: per token of each forward make_experience ran (the reward model's only where",
+        "# it was not streamed); phase_overhead_s = the smaller intercept",
         f"# (make_experience {exp_over:.3f} s, train {tr_over:.3f} s), experience_overhead_s the rest;",
         "# weight_sync_s = the median weight_sync span, the whole sync (sync_overhead_s 0).",
         f"# lengths: {len(found['lengths'])} responses of rollouts.jsonl (sequence - {prompt_tokens} prompt tokens).",

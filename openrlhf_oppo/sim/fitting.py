@@ -13,7 +13,7 @@ running and ``score_k`` whether, the trainer idle, a `reward` / `ref` prefill or
 (the reward forward inside OpenRLHF's make_experience counts as the trainer's). The four costs
 minimise sum_i tokens_i * (predicted_i / tokens_i - 1)^2 (Gauss-Newton): a long response weighs
 what it costs, and a short one's fixed start-up latency hardly counts. A factor whose condition
-never occurs keeps its prior.
+held for under 10 response-seconds is not seen: it keeps its prior.
 
 Phases (make_experience, train) on a shared host: ``seconds = overhead + per_token * tokens *
 (1 + (slowdown - 1) * f)``, ``f`` the share of the span during which some response was decoding;
@@ -146,6 +146,7 @@ def _inside(intervals: list[tuple[float, float]], t: float) -> bool:
     return j >= 0 and intervals[j][0] <= t < intervals[j][1]
 
 
+MIN_SECONDS = 10.0  # a slowdown is measured when responses decoded this long (summed) under its condition
 _LOWER = (1e-7, 0.0, 1.0, 1.0)  # step, per_seq, slowdown, scoring: a neighbour never speeds decoding up
 
 
@@ -153,7 +154,8 @@ def fit_decode(lives: list[DecodeLife], prior_slowdown: float, prior_scoring: fl
     """The decode costs of the docstring's model (Gauss-Newton from the per-response line)."""
     if not lives:
         raise ValueError("no finished response in the timelines (`sample` records of role rollout)")
-    measured = [any(key[c] and dt > 0 for life in lives for key, dt in life.seconds.items()) for c in (1, 2)]
+    measured = [sum(dt for life in lives for key, dt in life.seconds.items() if key[c]) >= MIN_SECONDS
+                for c in (1, 2)]
     xs, ys, ws = [], [], []
     for life in lives:
         dur = sum(life.seconds.values())

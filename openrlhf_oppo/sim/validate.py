@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from openrlhf_oppo import timeline
-from openrlhf_oppo.bench.table import Spread, fmt, spread
+from openrlhf_oppo.bench.table import Spread, fmt, name_width, spread
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import drivers, presets
 
@@ -98,7 +98,7 @@ def print_validation(v: Validation, title: str, simulated_label: str) -> None:
     print(title)
     head = ["schedule", "measured mean step s", f"simulated ({simulated_label})", "sim/measured",
             f"verdict (±{pct}%)"]
-    widths = [11, 22, 27, 12, 18]
+    widths = [name_width(r.schedule for r in v.rows), 22, 27, 12, 18]
     print(" ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(head, widths))))
     for r in v.rows:
         cells = [r.schedule, fmt(r.measured, ".2f"), fmt(r.simulated, ".2f"), f"{r.ratio:.2f}", verdict(r, v.tolerance)]

@@ -6,7 +6,7 @@ A step, after its batch is ready (every schedule)::
 
     make_experience   reward forward (unless streamed) on the reward servers, in parallel with
                       old-logprob, reference and critic forwards on the training devices (or after
-                      them, on the training devices, with `split.reward_with_train`)
+                      them, on the training devices, with `split.reward_with_train` or on a shared host)
     train             actor + critic forward/backward on the training devices
     weight_sync       the actor's weights to the engines (engines pause)
 
@@ -132,7 +132,7 @@ class World:
         if c.sleep_transfer_s:  # the hybrid engine: vLLM sleeps, the DeepSpeed models come back
             self.recorder.span("driver", 0, "offload", t, t + c.sleep_transfer_s)
             t += c.sleep_transfer_s
-        on_train = self.cfg.split.reward_with_train and score_in_experience
+        on_train = score_in_experience and (self.cfg.split.reward_with_train or self.shared_host)
         left = {stage: c.make_experience_s(n, w.reference, w.critic, reward=on_train)[stage]
                 for stage, n in (streamed or {}).items()}
         stages = {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}
@@ -152,11 +152,18 @@ class World:
             streamer.hold(end + self.sync_s())
         return end
 
+    @property
+    def shared_host(self) -> bool:
+        """Every role on one host's cores (a calibrated CPU preset: not colocated, yet
+        `train_slowdown_shared` > 1). The reward forward of make_experience then takes the same
+        cores as the other forwards: it is charged among them, as `split.reward_with_train`."""
+        return not self.cfg.split.colocate and self.costs.train_slowdown_shared > 1.0
+
     def _decoding_left_s(self) -> float:
-        """On a shared host (not colocated, `train_slowdown_shared` > 1): how long the engines go
-        on decoding what they hold and the requests made this instant (a generate call starting
-        beside this step reaches the engines a moment later); 0 elsewhere."""
-        if self.cfg.split.colocate or self.costs.train_slowdown_shared <= 1.0:
+        """On a shared host: how long the engines go on decoding what they hold and the requests
+        made this instant (a generate call starting beside this step reaches the engines a moment
+        later); 0 elsewhere."""
+        if not self.shared_host:
             return 0.0
         now, made = self._issued
         incoming = [r for r in made if r.engine < 0] if now == self.loop.now_s else []

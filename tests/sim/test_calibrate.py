@@ -20,8 +20,11 @@ def span(role, stage, t0, t1, **kw):
     return {"kind": "span", "role": role, "host": "n0", "pid": 1, "stage": stage, "t0": t0, "t1": t1, **kw}
 
 
-def make_run(root):
-    """Four steps; step k decodes b_k responses of T_k tokens side by side."""
+def make_run(root, reward_streamed=True):
+    """Four steps; step k decodes b_k responses of T_k tokens side by side. make_experience runs
+    three forwards (old log-probs, reference, critic), four when the reward is not streamed
+    (then the reward spans are `score` calls of whole sequences)."""
+    forwards = 3 if reward_streamed else 4
     rows, rollouts, t, key = [], [], 1000.0, 0
     for step, (b, tokens) in enumerate([(1, 100), (2, 60), (4, 200), (8, 30)]):
         decode = tokens * (DECODE_S + PER_SEQ_S * b)
@@ -32,12 +35,13 @@ def make_run(root):
             key += 1
         t += decode + 0.3
         step_tokens = b * (PROMPT + tokens)  # equal lengths: no padding in micro-batches
-        for stage, per in (("make_experience", FORWARD_S), ("train", TRAIN_S)):
+        for stage, per in (("make_experience", FORWARD_S / 3 * forwards), ("train", TRAIN_S)):
             rows.append(span("driver", stage, t, t + OVERHEAD_S + per * step_tokens))
             t += OVERHEAD_S + per * step_tokens
         rows.append(span("driver", "weight_sync", t, t + OVERHEAD_S + SYNC_S))
         t += OVERHEAD_S + SYNC_S
-        rows.append(span("reward", "prefill", t, t + CALL_S + PREFILL_S * 500 * (step + 1), tokens=500 * (step + 1)))
+        rows.append(span("reward", "prefill" if reward_streamed else "score", t,
+                         t + CALL_S + PREFILL_S * 500 * (step + 1), tokens=500 * (step + 1)))
         rollouts.append({"step": step, "samples": [{"prompt": "p", "sequence": [1] * (PROMPT + tokens), "reward": 0.0}
                                                    for _ in range(b)]})
     (root / "timeline").mkdir(parents=True)
@@ -61,6 +65,22 @@ def test_calibrate_recovers_the_costs_of_a_hand_made_timeline(tmp_path):
     assert found["efficiency"]["phase_overhead_s"] == pytest.approx(OVERHEAD_S)
     assert found["efficiency"]["generate_overhead_s"] == pytest.approx(0.3)
     assert sorted(found["lengths"]) == sorted([100] + [60] * 2 + [200] * 4 + [30] * 8)
+
+
+def test_make_experience_is_fitted_per_forward_the_run_held(tmp_path):
+    """A run that did not stream its reward ran one more forward in make_experience: the same
+    per-forward cost explains its longer spans."""
+    streamed = make_run(tmp_path / "streamed")
+    batched = make_run(tmp_path / "batched", reward_streamed=False)
+    base = load_preset("cpu-longtail")
+
+    def rows(run):
+        return [json.loads(line) for line in (run / "timeline" / "n0-1.jsonl").read_text().splitlines()]
+
+    assert calibrate.experience_forwards(rows(streamed), base.workload) == 3
+    assert calibrate.experience_forwards(rows(batched), base.workload) == 4
+    found = calibrate.calibrate([streamed, batched], base, PROMPT, warmup_steps=0)
+    assert found["costs"]["forward_per_token_s"] == pytest.approx(FORWARD_S / 3)
 
 
 def test_calibrate_writes_a_preset_the_simulator_runs(tmp_path, capsys):

@@ -39,8 +39,8 @@ def test_responses_before_the_warm_up_syncs_end_or_across_a_sync_are_left_out():
 
 def test_the_decode_fit_recovers_the_iteration_cost_and_the_slowdowns_beside_training_and_scoring():
     rows, t, key = [], 0.0, 0
-    for b, tokens, beside in [(1, 200, ""), (4, 100, ""), (8, 50, ""), (2, 120, "train"), (6, 80, "train"),
-                              (3, 90, "score"), (5, 40, "score")]:
+    for b, tokens, beside in [(1, 200, ""), (4, 100, ""), (8, 50, ""), (2, 1200, "train"), (6, 800, "train"),
+                              (3, 900, "score"), (5, 400, "score")]:
         dur = tokens * (STEP_S + PER_SEQ_S * b) * {"": 1.0, "train": DECODE_SLOW, "score": SCORING}[beside]
         for _ in range(b):
             rows += response(t, t + dur, tokens, key)
@@ -53,6 +53,12 @@ def test_the_decode_fit_recovers_the_iteration_cost_and_the_slowdowns_beside_tra
     assert (fit.step_s, fit.per_seq_s, fit.slowdown, fit.scoring) == pytest.approx(
         (STEP_S, PER_SEQ_S, DECODE_SLOW, SCORING))
     assert fit.slowdown_measured and fit.scoring_measured and fit.responses == 29
+
+
+def test_a_slowdown_seen_for_a_few_response_seconds_only_is_the_prior():
+    rows = response(0.0, 10.0, 1000, 0) + response(20.0, 21.0, 100, 1) + [span("prefill", 20.0, 21.0, role="reward")]
+    fit = fitting.fit_decode(fitting.decode_lives(rows, 0), prior_slowdown=1.5, prior_scoring=0.0)
+    assert not fit.scoring_measured and fit.scoring == 0.0  # 1 s beside a scorer: not enough to tell
 
 
 def test_without_decoding_beside_training_the_decode_slowdown_is_the_prior():

@@ -1,6 +1,7 @@
 """A streaming scorer on the engines' devices (`split.score_gpus` 0): on one device the engine
 stops while it prefills; on a CPU host's shared cores (`decode_slowdown_scoring` > 0, measured by
-`simulate calibrate`) the engine decodes on beside it, that much slower. By hand."""
+`simulate calibrate`) the engine decodes on beside it, that much slower (by hand); and there the
+reward forward of make_experience is one of the training pool's forwards."""
 
 from __future__ import annotations
 
@@ -37,3 +38,17 @@ def test_on_shared_cores_the_engine_decodes_on_beside_the_prefill_slower():
     # iterations), then the 4 left at 1 s
     assert finish_time(1.5) == pytest.approx(2.0 + 4.0)
     assert finish_time(1.0) == pytest.approx(5.0)  # a neighbour that costs nothing
+
+
+@pytest.mark.parametrize(("preset", "shared"), [("cpu-longtail", True), ("paper-7b-h200", False)])
+def test_on_a_shared_host_the_reward_forward_is_one_of_make_experiences_forwards(preset, shared):
+    """OpenRLHF's make_experience runs the reward model's forward beside the others: on one
+    host's cores it is charged among them (stage `rewards`); on devices of its own, on the
+    reward servers in parallel (stage `score`)."""
+    from openrlhf_oppo.sim import drivers
+    from openrlhf_oppo.sim.presets import load_preset
+
+    cfg = load_preset(preset, ["workload.steps=4", "workload.warmup_steps=1", "workload.seeds=1"])
+    res = drivers.simulate(cfg, cost_model.build(cfg), "sync", 0)
+    stages = {r["stage"] for r in res.rows if r["kind"] == "span" and r["role"] == "reward"}
+    assert stages == ({"rewards"} if shared else {"score"})
