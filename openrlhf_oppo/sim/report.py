@@ -83,14 +83,15 @@ def best_layouts(cfg: SimConfig, schedules: tuple[str, ...]) -> tuple[Simulated,
 def print_layouts(sim: Simulated, tried: dict[str, list[tuple[str, float]]] | None = None) -> None:
     """Each schedule's layout (and, after a search, the runner-up), then the schedules refused."""
     print()
-    print(f"{'schedule':<{NAME_W}} {'layout (a node)':<44} {'vLLM mem':>8}" + ("  runner-up (1 seed)" if tried else ""))
+    where = {s: layouts.describe(c.split, layouts.streams_reference_actors(c, s)) for s, c in sim.layouts.items()}
+    lw = name_width(where.values(), 44)
+    print(f"{'schedule':<{NAME_W}} {'layout (a node)':<{lw}} {'vLLM mem':>8}" + ("  runner-up (1 seed)" if tried else ""))
     for s, c in sim.layouts.items():
         share = f"{c.workload.kv_cache_fraction:.2f}" if c.hardware is not None else "-"
         extra = ""
         if tried and len(tried[s]) > 1:
             extra = f"  {tried[s][1][0]} {tried[s][1][1]:.2f} s (of {len(tried[s])} layouts)"
-        where = layouts.describe(c.split, layouts.streams_reference_actors(c, s))
-        print(f"{s:<{NAME_W}} {where:<44} {share:>8}{extra}")
+        print(f"{s:<{NAME_W}} {where[s]:<{lw}} {share:>8}{extra}")
     for s, reasons in sim.refused.items():
         print(f"{s:<{NAME_W}} not simulated: " + "; ".join(reasons))
     print("vLLM mem: its gpu_memory_utilization (colocated without sleep: what training leaves it; beside "
