@@ -50,10 +50,10 @@ class DecodeFit:
     step_s: float  # per engine iteration
     per_seq_s: float  # per running response, per iteration
     slowdown: float  # iterations take this many times longer while the trainer computes
-    slowdown_measured: bool  # False: no response decoded beside the trainer, `slowdown` is the prior
+    slowdown_measured: bool  # False: under MIN_SECONDS of decoding beside the trainer, `slowdown` is the prior
     responses: int
     scoring: float = 1.0  # ... while a streaming scorer prefills on the same host
-    scoring_measured: bool = False  # False: no response decoded beside a scorer, `scoring` is the prior
+    scoring_measured: bool = False  # False: under MIN_SECONDS beside a scorer, `scoring` is the prior
 
 
 def weighted_line(xs: list[float], ys: list[float], ws: list[float]) -> tuple[float, float]:
@@ -164,7 +164,8 @@ def fit_decode(lives: list[DecodeLife], prior_slowdown: float, prior_scoring: fl
         ws.append(float(life.tokens))
     a, b = nonneg_line(xs, ys, ws)
     free = [True, True, *measured]
-    p = [max(a, 1e-6), max(b, 0.0), prior_slowdown if measured[0] else 1.0, prior_scoring if measured[1] else 1.0]
+    p = [max(a, 1e-6), max(b, 0.0), max(prior_slowdown, 1.0) if measured[0] else 1.0,
+         max(prior_scoring, 1.0) if measured[1] else 1.0]
     for _ in range(200):
         step = _gauss_newton_step(lives, p, free)
         new = [max(x + dx, low) if f else x for x, dx, f, low in zip(p, step, free, _LOWER)]
