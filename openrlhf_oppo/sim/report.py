@@ -85,7 +85,8 @@ def print_layouts(sim: Simulated, tried: dict[str, list[tuple[str, float]]] | No
     print()
     where = {s: layouts.describe(c.split, layouts.streams_reference_actors(c, s)) for s, c in sim.layouts.items()}
     lw = name_width(where.values(), 44)
-    print(f"{'schedule':<{NAME_W}} {'layout (a node)':<{lw}} {'vLLM mem':>8}" + ("  runner-up (1 seed)" if tried else ""))
+    runner_up = "  runner-up (1 seed)" if tried else ""
+    print(f"{'schedule':<{NAME_W}} {'layout (a node)':<{lw}} {'vLLM mem':>8}{runner_up}")
     for s, c in sim.layouts.items():
         share = f"{c.workload.kv_cache_fraction:.2f}" if c.hardware is not None else "-"
         extra = ""
