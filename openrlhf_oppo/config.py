@@ -135,6 +135,13 @@ class StalenessConfig:
         "flags, when given, win).",
         choices=CORRECTIONS,
     )
+    background_sync: bool = _f(
+        False,
+        "With async admission (max_policy_lag >= 1): the trainer waits for the weight sync only while "
+        "the actor's weights are gathered into a buffer; the broadcast to the engines (which stay paused "
+        "for it) runs beside the next step's experience making and training, and the next sync waits for "
+        "it. A simulator setting (openrlhf-oppo simulate), a projection: the launcher refuses it.",
+    )
     keep_kv_cache: bool = _f(
         True,
         "Carried requests keep their vLLM KV cache across a weight sync (pause with clear_cache=False): "

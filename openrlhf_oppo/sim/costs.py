@@ -62,6 +62,7 @@ class CostModel:
     fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
     experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
     sync_overhead_s: float = 0.0  # per weight sync, beyond weight_sync_s
+    sync_gather_s: float = 0.0  # staleness.background_sync: the trainer's share of a sync (gather + a call)
     decode_slowdown_scoring: float = 0.0  # scorer_on_engines: 0, the engine stops while its scorer prefills; else x
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
@@ -197,8 +198,9 @@ def _roofline(cfg: SimConfig) -> CostModel:
     train_flops = s.nodes * (s.train_gpus + s.critic_gpus) * hw.peak_bf16_flops  # pooled; split by `_groups`
     link = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s
     gather = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node  # per device
+    gather_call_s = e.forward_overhead_s + actor.weight_bytes / (gather * e.link_efficiency)  # a call + a ZeRO-3 gather
     return CostModel(
-        stream_call_s=e.forward_overhead_s + actor.weight_bytes / (gather * e.link_efficiency),
+        stream_call_s=gather_call_s,
         ahead_call_s=e.forward_overhead_s,
         decode_overhead_s=e.decode_step_overhead_s,
         decode_weights_read_s=actor.weight_bytes / (tp * bw),
@@ -212,6 +214,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
         reward_forward_per_token_s=2 * reward.params / (train_flops * e.forward_mfu),
         train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
         weight_sync_s=e.weight_sync_base_s + actor.weight_bytes / (link * e.link_efficiency),
+        sync_gather_s=gather_call_s,
         seqs_per_engine=_seqs_per_engine(cfg, actor, tp),
         **_groups(cfg, actor.params, critic.params),
         **_layout(cfg),

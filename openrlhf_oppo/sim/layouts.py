@@ -105,6 +105,14 @@ def forwards_ahead(cfg: SimConfig, schedule: str) -> bool:
     return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.experience_ahead
 
 
+def syncs_in_background(cfg: SimConfig, schedule: str) -> bool:
+    """Whether `schedule` broadcasts its weights beside the next step (`staleness.background_sync`,
+    with async admission)."""
+    if not admits_async(cfg, schedule):
+        return False
+    return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).staleness.background_sync
+
+
 def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams the reference into OPPO's streaming reference actors."""
     if schedule not in OPPO_SCHEDULES:
@@ -122,8 +130,9 @@ def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
                   admits_async(cfg, schedule), forwards_ahead(cfg, schedule))
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
-        cfg = memory.fit_engines(cfg, ref)
-        reasons += memory.overflow(cfg, streams, ref)
+        buffer = syncs_in_background(cfg, schedule)
+        cfg = memory.fit_engines(cfg, ref, buffer)
+        reasons += memory.overflow(cfg, streams, ref, buffer)
     return cfg, reasons
 
 
@@ -193,15 +202,16 @@ class Searched:
 def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
     runnable: dict[str, list[SimConfig]] = {s: [] for s in schedules}
     refused = []
-    kinds = {s: (streams_reward(cfg, s), streams_reference_actors(cfg, s)) for s in schedules}
+    kinds = {s: (streams_reward(cfg, s), streams_reference_actors(cfg, s), syncs_in_background(cfg, s))
+             for s in schedules}
     lagged = {s: admits_async(cfg, s) for s in schedules}
-    for split in candidates(cfg, any(ref for _, ref in kinds.values())):
+    for split in candidates(cfg, any(kind[1] for kind in kinds.values())):
         base = dataclasses.replace(cfg, split=split)
         allowed = [s for s in schedules
                    if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1], lagged[s],
                            forwards_ahead(cfg, s)) is None]
         for kind in sorted({kinds[s] for s in allowed}):
-            trial = memory.fit_engines(base, kind[1])
+            trial = memory.fit_engines(base, kind[1], kind[2])
             over = memory.overflow(trial, *kind)
             if over:
                 refused.append((split, _whom(*kind), over))
@@ -210,8 +220,9 @@ def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
     return Searched(runnable, refused)
 
 
-def _whom(streams: bool, ref_actors: bool) -> str:
+def _whom(streams: bool, ref_actors: bool, sync_buffer: bool = False) -> str:
     """For whom a layout was checked, as the refusals list says it."""
+    buffer = " (weight-sync buffer)" if sync_buffer else ""
     if not streams:
-        return "OpenRLHF's reward model" + (" and OPPO's reference actors" if ref_actors else "")
-    return "OPPO with streaming reward" + (" and reference actors" if ref_actors else " actors")
+        return "OpenRLHF's reward model" + (" and OPPO's reference actors" if ref_actors else "") + buffer
+    return "OPPO with streaming reward" + (" and reference actors" if ref_actors else " actors") + buffer

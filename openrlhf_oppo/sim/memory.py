@@ -82,11 +82,14 @@ def _activations(cfg: SimConfig, m: ModelShape) -> float:
     return kept + 8 * tokens * m.vocab
 
 
-def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = False) -> list[tuple[str, float]]:
+def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = False,
+                   sync_buffer: bool = False) -> list[tuple[str, float]]:
     """Per device of the training devices (`group` "actor": `split.train_gpus`, every DeepSpeed
     model unless the critic has devices of its own; "critic": `split.critic_gpus`, the critic and,
     with `split.reward_with_train`, the reward model). `ref_actors`: streaming reference actors hold
-    the reference, the training devices do not."""
+    the reference, the training devices do not. `sync_buffer` (`staleness.background_sync`): the
+    actor's first rank holds a whole copy of its weights while they are broadcast (charged to every
+    device: the one that holds it must fit)."""
     s, w, actor = cfg.split, cfg.workload, cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
@@ -95,6 +98,8 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     items = []
     if group == "actor":
         items.append(("actor ZeRO-3 states", zero3_bytes(actor.params, True, n)))
+        if sync_buffer:
+            items.append(("weight-sync buffer", actor.weight_bytes))
         if w.reference and not ref_actors:
             items.append(("reference", zero3_bytes(actor.params, False, n)))
     if w.critic and (group == "critic") == apart:
@@ -167,12 +172,13 @@ def _load(items: list[tuple[str, float]]) -> float:
     return sum(b for _, b in items)
 
 
-def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) -> list[DeviceUse]:
+def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False, sync_buffer: bool = False) -> list[DeviceUse]:
     """What each kind of device holds (requires `hardware` and `actor`); `streams`: the schedule
-    streams into OPPO's reward actors; `ref_actors`: into OPPO's streaming reference actors."""
+    streams into OPPO's reward actors; `ref_actors`: into OPPO's streaming reference actors;
+    `sync_buffer`: a background weight sync's copy of the actor (`training_items`)."""
     s, cap = cfg.split, cfg.hardware.hbm_bytes
     reserve = [("reserve", RESERVE_BYTES)]
-    train, engines = training_items(cfg, ref_actors=ref_actors), engine_items(cfg)
+    train, engines = training_items(cfg, ref_actors=ref_actors, sync_buffer=sync_buffer), engine_items(cfg)
     on_engines = _beside_engines(cfg, ref_actors)
     out = []
     if s.colocate:
@@ -193,11 +199,11 @@ def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) -> lis
     return out
 
 
-def overflow(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) -> list[str]:
+def overflow(cfg: SimConfig, streams: bool = False, ref_actors: bool = False, sync_buffer: bool = False) -> list[str]:
     """The devices that do not fit, each described; empty when the layout fits. Also an engine whose
     KV cache cannot hold one full-length sequence (vLLM refuses to start)."""
     msgs = [f"{u.describe()}: over by {(u.total - u.capacity) / GB:.1f} GB"
-            for u in plan(cfg, streams, ref_actors) if not u.fits]
+            for u in plan(cfg, streams, ref_actors, sync_buffer) if not u.fits]
     kv = dict(engine_items(cfg))["vLLM KV cache"]
     ln = cfg.lengths
     need = cfg.actor.kv_bytes_per_token / cfg.split.tensor_parallel * (ln.prompt_tokens + ln.cap_tokens)
@@ -207,7 +213,7 @@ def overflow(cfg: SimConfig, streams: bool = False, ref_actors: bool = False) ->
     return msgs
 
 
-def fit_engines(cfg: SimConfig, ref_actors: bool = False) -> SimConfig:
+def fit_engines(cfg: SimConfig, ref_actors: bool = False, sync_buffer: bool = False) -> SimConfig:
     """vLLM's share (`workload.kv_cache_fraction`) lowered to what the other items on its devices and
     the reserve leave, never raised: colocated with vLLM awake, the training side and the streaming
     actors beside the engines; split or asleep (`split.sleep`: the training side is away while vLLM
@@ -218,8 +224,8 @@ def fit_engines(cfg: SimConfig, ref_actors: bool = False) -> SimConfig:
     if not (awake_beside_training or beside):
         return cfg
     cap = cfg.hardware.hbm_bytes
-    others = beside + RESERVE_BYTES + (_load(training_items(cfg, ref_actors=ref_actors)) if awake_beside_training
-                                       else 0.0)
+    others = beside + RESERVE_BYTES + (_load(training_items(cfg, ref_actors=ref_actors, sync_buffer=sync_buffer))
+                                       if awake_beside_training else 0.0)
     share = min(cfg.workload.kv_cache_fraction, max(0.0, (cap - others) / cap))
     return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, kv_cache_fraction=share))
 

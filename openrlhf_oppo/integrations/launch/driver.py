@@ -98,6 +98,9 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     if cfg.streaming.experience_ahead:
         raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate), not "
                          "built into runs yet; leave it false")
+    if cfg.staleness.background_sync:
+        raise ValueError("--oppo.staleness.background_sync: a simulator setting (openrlhf-oppo simulate), not "
+                         "built into runs yet; leave it false")
     if "reference" in cfg.streaming.scorers():
         kl = _value("--algo.kl.init_coef", argv)
         if kl is not None and float(kl) <= 0:

@@ -19,6 +19,14 @@ and async admission changes when groups are admitted (and bounds their lag), not
 timeline. On a shared host (`cpu-longtail`, not colocated) they decode during training, both
 slowed by the `*_slowdown_shared` factors.
 
+With `staleness.background_sync` (a projection, async admission only) the trainer waits for
+a sync only while the actor's weights are gathered (`sync_gather_s`); the engines stay paused
+for the whole broadcast, their version changes at its end, and the next sync waits for it::
+
+    engines  == step t+1 (version t) ==|  (paused: broadcast) |== (version t+1)
+    train                 [exp][train][g][exp][train] ...
+                                       ^ g: the gather; the next step's experience starts here
+
 The hybrid engine (`split.sleep`, sync admission only: the layout rules refuse async)::
 
     engines  ==== step t ====|stop| asleep .................................|wake|pre|== step t+1
@@ -95,6 +103,8 @@ class OppoDriver(World):
             self.streamer = self.ahead = ExperienceAhead(self, ("old_logprobs", *(("values",) if w.critic else ()), *(
                 ("ref_logprobs",) if w.reference and "reference" not in self.sched.scorers else ())))
         self.async_admission = oppo.staleness.max_policy_lag >= 1
+        self.background_sync = oppo.staleness.background_sync and self.async_admission
+        self.sync_end_s = 0.0  # the last weight sync's end (the engines resume then)
         if cfg.split.sleep and self.async_admission:
             raise ValueError(f"split.sleep: schedule {name} admits asynchronously (staleness.max_policy_lag "
                              f"{oppo.staleness.max_policy_lag}); asleep, the engines decode nothing while the "
@@ -261,16 +271,21 @@ class OppoDriver(World):
     def sync_and_adapt(self, step: int, batch: TrainBatch, stats: StepStats, report: StepReport | None,
                        wait_start_s: float, ready_s: float) -> None:
         now = self.loop.now_s
-        sync_end = self.weight_sync(now)  # pauses the engines: their segments end at `now`
+        if now < self.sync_end_s:  # background sync: the last one is still broadcasting; this one waits for it
+            self.loop.at(self.sync_end_s, self.sync_and_adapt, step, batch, stats, report, wait_start_s, ready_s)
+            return
+        self.sync_end_s = self.weight_sync(now)  # pauses the engines: their segments end at `now`
+        # the trainer goes on once the weights are gathered (background sync), else after the broadcast
+        released = min(self.sync_end_s, now + self.costs.sync_gather_s) if self.background_sync else self.sync_end_s
         self.flush(now)  # tokens decoded before the sync belong to the old policy version
         if report is None:
             report = self.sched.end_step(stats)
             self.step += 1
         self.reports.append(report)
         prompts = tuple(sorted(g.prompt_index for g in batch.groups))
-        self.record(StepRecord(step, wait_start_s, ready_s, now, sync_end, prompts, batch.tokens,
+        self.record(StepRecord(step, wait_start_s, ready_s, now, released, prompts, batch.tokens,
                                report.deferred_fraction, report.delta, report.chunk_size_tokens))
-        self.loop.at(sync_end, self.after_sync)
+        self.loop.at(released, self.after_sync)
 
     def after_sync(self) -> None:
         if not self.async_admission:

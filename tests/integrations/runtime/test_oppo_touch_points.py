@@ -231,6 +231,9 @@ def test_unwired_critic_streaming_and_the_simulators_settings_are_refused_by_nam
     cfg, rest = parse(["--oppo.streaming.experience_ahead", "true"])
     with pytest.raises(ValueError, match=r"--oppo\.streaming\.experience_ahead: a simulator setting"):
         check_flags(rest, cfg)
+    cfg, rest = parse(["--oppo.staleness.background_sync", "true"])
+    with pytest.raises(ValueError, match=r"--oppo\.staleness\.background_sync: a simulator setting"):
+        check_flags(rest, cfg)
     cfg, rest = parse(["--oppo.streaming.reference", "true"])
     check_flags(rest, cfg)  # streamed into OpenRLHF's reference group
 
