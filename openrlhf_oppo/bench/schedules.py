@@ -175,6 +175,9 @@ class Verdict:
             sync and best_openrlhf; None (unknown) when one of them has under two repeats.
         vs_sync_beyond_spread: vs_sync's min - 1 > spread; None when either is unknown.
         vs_best_beyond_spread: vs_best's min - 1 > spread; None when either is unknown.
+        work_vs_best: best_oppo's response tokens trained a step / best_openrlhf's (medians of trained
+            tok/s x mean step s); away from 1 by more than the spread, the two steps held unequal work
+            (e.g. a policy that drifted to shorter answers) and mean step s flatters the faster one.
     """
 
     best_oppo: str | None
@@ -184,6 +187,12 @@ class Verdict:
     spread: float | None
     vs_sync_beyond_spread: bool | None
     vs_best_beyond_spread: bool | None
+    work_vs_best: float | None = None
+
+
+def _tokens_a_step(row: dict) -> float | None:
+    tok, step = row["trained_tokens_per_s"][0], row["mean_step_s"][0]
+    return None if tok is None or step is None else tok * step
 
 
 def _beyond(ratio: Spread, spread_rel: float | None) -> bool | None:
@@ -205,8 +214,10 @@ def verdict(rows: list[dict]) -> Verdict:
     compared = {best_oppo, best, *(["sync"] if "sync" in by_name else [])}
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
+    work = [_tokens_a_step(by_name[s]) for s in (best_oppo, best)]
     return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
-                   _beyond(vs_sync, spread_rel), _beyond(row["x_best"], spread_rel))
+                   _beyond(vs_sync, spread_rel), _beyond(row["x_best"], spread_rel),
+                   work[0] / work[1] if None not in work and work[1] > 0 else None)
 
 
 def _percent(x: float | None) -> str:
@@ -246,6 +257,10 @@ def print_verdict(v: Verdict) -> None:
         judged = ("unknown (spread unknown)" if beyond is None else
                   "larger than the spread" if beyond else "NOT larger than the spread")
         print(f"  x {name}: {fmt(ratio, '.2f')}; effect (min - 1) {100 * (ratio[1] - 1):+.0f}%: {judged}")
+    if v.work_vs_best is not None:
+        unequal = v.spread is not None and abs(v.work_vs_best - 1.0) > v.spread
+        print(f"  work: {v.best_oppo}'s steps held {v.work_vs_best:.2f}x the response tokens of {v.best_openrlhf}'s"
+              + ("; beyond the spread, so mean step s compares unequal work: read trained tok/s" if unequal else ""))
     if v.spread is None:
         print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)")
     else:

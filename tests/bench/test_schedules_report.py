@@ -86,6 +86,22 @@ def test_verdict_says_an_effect_beyond_the_spread():
     assert v.vs_sync_beyond_spread is True and v.vs_best_beyond_spread is True  # 2.0 - 1 > 0.1
 
 
+def test_verdict_says_when_the_steps_held_unequal_work(capsys):
+    """A schedule whose steps trained fewer tokens (its policy drifted to shorter answers) is
+    faster a step without being faster: the verdict says so."""
+    short = [make_run(m, trained_tokens_per_s=800 / m) for m in (5.0, 5.0, 5.0)]  # 800 tokens a step, not 1000
+    v = schedules.verdict(schedules.report({"sync": runs(10.0, 11.0, 10.0), "oppo": short}))
+    assert v.work_vs_best == pytest.approx(0.8) and v.spread == pytest.approx(0.1)
+    schedules.print_verdict(v)
+    out = capsys.readouterr().out
+    assert "work: oppo's steps held 0.80x the response tokens of sync's; beyond the spread" in out
+    same = schedules.verdict(schedules.report({"sync": runs(10.0, 11.0, 10.0), "oppo": runs(5.0, 5.0, 5.0)}))
+    assert same.work_vs_best == pytest.approx(1.0)
+    schedules.print_verdict(same)
+    out = capsys.readouterr().out
+    assert "work: oppo's steps held 1.00x the response tokens of sync's\n" in out
+
+
 def test_a_failed_run_leaves_a_gap_that_keeps_repeats_paired():
     rows = by_name(schedules.report({"sync": runs(8.0, 12.0, 10.0), "oppo": runs(4.0, None, 5.0)}))
     oppo = rows["oppo"]
