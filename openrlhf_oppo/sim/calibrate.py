@@ -127,7 +127,7 @@ def experience_forwards(rows: list[dict], w: presets.Workload) -> int:
 
 
 def phase_points(rows: list[dict], per_step: list[int], warmup_steps: int,
-                 forwards: int = 1) -> list[fitting.PhasePoint]:
+                 forwards: int) -> list[fitting.PhasePoint]:
     """Each step's make_experience and train spans after warm-up, with the tokens the phase
     processes (make_experience: the step's tokens x its `forwards`) and the share of the span
     during which some response was decoding (on a shared host: slower)."""

@@ -49,6 +49,11 @@ class Row:
     within: bool
 
 
+def runs_order(faster: Row, slower: Row) -> bool:
+    """Every repeat of `faster` was faster than every repeat of `slower` (else the runs tie them)."""
+    return faster.measured[2] < slower.measured[1]
+
+
 @dataclass(frozen=True)
 class Validation:
     rows: tuple[Row, ...]
@@ -58,10 +63,10 @@ class Validation:
 
     @property
     def swapped(self) -> tuple[tuple[str, str], ...]:
-        """(faster, slower) pairs as measured, every repeat of one faster than every repeat of the
-        other, that the simulation puts the other way round."""
+        """(faster, slower) pairs the runs order (`runs_order`) that the simulation puts the other
+        way round."""
         return tuple((a.schedule, b.schedule) for i, a in enumerate(self.rows) for b in self.rows[i + 1:]
-                     if a.measured[2] < b.measured[1] and a.simulated[0] >= b.simulated[0])
+                     if runs_order(a, b) and a.simulated[0] >= b.simulated[0])
 
     @property
     def order_reproduced(self) -> bool:
@@ -105,7 +110,7 @@ def print_validation(v: Validation, title: str, simulated_label: str) -> None:
         print(" ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths))))
     rows = {r.schedule: r for r in v.rows}
     print(f"measured order (fastest first):  {v.measured_order[0]}" + "".join(
-        f" {'≈' if rows[a].measured[2] >= rows[b].measured[1] else '<'} {b}"
+        f" {'<' if runs_order(rows[a], rows[b]) else '≈'} {b}"
         for a, b in zip(v.measured_order, v.measured_order[1:])) + "   (≈: repeats overlap, a tie)")
     print(f"simulated order (fastest first): {' < '.join(v.simulated_order)}  -> order "
           + ("reproduced" if v.order_reproduced else
