@@ -137,10 +137,10 @@ class StalenessConfig:
     )
     background_sync: bool = _f(
         False,
-        "With async admission (max_policy_lag >= 1): the trainer waits for the weight sync only while "
-        "the actor's weights are gathered into a buffer; the broadcast to the engines (which stay paused "
-        "for it) runs beside the next step's experience making and training, and the next sync waits for "
-        "it. A simulator setting (openrlhf-oppo simulate), a projection: the launcher refuses it.",
+        "With async admission (max_policy_lag >= 1, vLLM on GPUs of its own): the trainer waits for the "
+        "weight sync only while the actor's weights are gathered into a buffer on its first rank (a whole "
+        "copy of them on that GPU); the broadcast to the engines, which stay paused until they have "
+        "loaded it, runs beside the next step's experience making, and the next sync waits for it.",
     )
     keep_kv_cache: bool = _f(
         True,

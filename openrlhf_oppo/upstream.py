@@ -116,6 +116,10 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer._init_vllm_sync_group", "called", "integrations.runtime.megatron_actor"),
     _T("openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer", "called", "integrations.runtime.megatron_actor"),
     _T("openrlhf.utils.get_tokenizer", "called", "integrations.runtime.megatron_actor"),
+    # the weight sync off the trainer's path (--oppo.staleness.background_sync)
+    _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor.broadcast_to_vllm", "subclassed", "integrations.runtime.background_sync"),
+    _T("openrlhf.trainer.ray.launcher.RayActorGroup.async_run_method", "called", "integrations.runtime.trainer"),
+    _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.update_weight", "called", "integrations.runtime.rollout"),
 )
 
 

@@ -65,9 +65,9 @@ def broadcast_to_vllm(self) -> None:
 
 def send_weights(owner, named) -> None:
     """Send `(name, tensor)` pairs to `owner.vllm_engines` as one packed state dict from global
-    rank 0. Every rank iterates `named` (gathering a weight is a collective), then all meet at
-    a barrier. `owner` holds `strategy` and `vllm_engines` (the DeepSpeed trainer or the
-    Megatron actor)."""
+    rank 0 and wait until every engine has loaded it. Every rank iterates `named` (gathering a
+    weight is a collective), then all meet at a barrier. `owner` holds `strategy` and
+    `vllm_engines` (the DeepSpeed trainer or the Megatron actor)."""
     import ray
     import torch
 
@@ -77,12 +77,17 @@ def send_weights(owner, named) -> None:
         if rank0:
             packed.append(pack_tensor(name, tensor))
     if rank0:
-        payload = {"tag": PAYLOAD_TAG, "weights": packed}
-        ray.get([engine.update_weight.remote(payload, None, None, True) for engine in owner.vllm_engines])
+        ray.get(submit(owner, packed))
         if owner.strategy.args.vllm.enable_prefix_caching:
             ray.get([engine.reset_prefix_cache.remote() for engine in owner.vllm_engines])
-        _probe(owner)
+        probe(owner)
     torch.distributed.barrier()
+
+
+def submit(owner, packed: list) -> list:
+    """Start every engine loading the packed state dict (`pack_tensor`'s items); their calls' refs."""
+    payload = {"tag": PAYLOAD_TAG, "weights": packed}
+    return [engine.update_weight.remote(payload, None, None, True) for engine in owner.vllm_engines]
 
 
 def init_vllm_sync_group(self, backend: str) -> None:
@@ -105,7 +110,9 @@ def worker_init_process_group(self, *args, **kwargs) -> None:
     """Replacement for `WorkerWrap.init_process_group`: no NCCL group on CPU."""
 
 
-def _probe(trainer) -> None:
+def probe(trainer) -> None:
+    """With OPPO_SYNC_PROBE set: a greedy completion of the probe prompt on engine 0, recorded when
+    it returns (asked once the weights are loaded, or while the engines stay paused until they are)."""
     path = run_env.path(run_env.SYNC_PROBE)
     if not path:
         return

@@ -75,6 +75,29 @@ def check_resumed_ledger():
     return _check_resumed_ledger
 
 
+def _teacher_forced(model_dir: Path, probe: dict):
+    """HF logprobs of vLLM's greedy tokens in a sync probe, HF argmax and top-2 gap per position.
+    bf16 vLLM CPU kernels vs an fp32 HF forward of the same weights: a bf16 logprob near -5 is a
+    multiple of 2**-5, so rounding alone moves it by up to ~0.016."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompt, tokens = probe["prompt_token_ids"], probe["token_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits.float()
+    logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1], dim=-1)
+    chosen = logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+    top2 = logp.topk(2, dim=-1).values
+    return chosen, logp.argmax(-1), top2[:, 0] - top2[:, 1]
+
+
+@pytest.fixture(scope="session")
+def teacher_forced():
+    """`_teacher_forced(model_dir, probe)`, for the tests that check what a weight sync sent."""
+    return _teacher_forced
+
+
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> Path:
     from openrlhf_oppo.tasks import tiny

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from openrlhf_oppo.core import ledger
 
@@ -19,18 +20,23 @@ pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRL
 # Lag 1 only: each run here costs CI minutes, and lag 2 (the `oppo-async` schedule, carry and
 # async admission together) is covered by the core's property test, the generator's test with
 # fakes and the simulator's tests; `bench schedules` runs it end to end (in the layout of its config).
+# The second run syncs the weights in the background (`--oppo.staleness.background_sync`).
 ASYNC_LAYOUT = ("--train.colocate_all", "--train.async_enable")
-LAG_RUNS = {
-    1: ("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false", *ASYNC_LAYOUT),
-}
+LAG1 = ("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false", *ASYNC_LAYOUT)
+LAG_RUNS = {"lag1": (1, LAG1), "lag1-background-sync": (1, (*LAG1, "--oppo.staleness.background_sync", "true"))}
+LOGPROB_ATOL = 2e-2  # see conftest._teacher_forced
 
 
-@pytest.fixture(scope="module", params=sorted(LAG_RUNS), ids=lambda lag: f"lag{lag}")
-def lag_run(request, train_runs):
-    schedule, *extra = LAG_RUNS[request.param]
+def _run(train_runs, name: str):
+    lag, (schedule, *extra) = LAG_RUNS[name]
     run = train_runs(schedule, *extra)
     assert run.returncode == 0, run.failure()
-    return request.param, run
+    return lag, run
+
+
+@pytest.fixture(scope="module", params=sorted(LAG_RUNS))
+def lag_run(request, train_runs):
+    return _run(train_runs, request.param)
 
 
 def _lines(path) -> list[dict]:
@@ -68,3 +74,25 @@ def test_openrlhf_placed_the_run_as_its_async_mode_and_oppos_trainer_ran_it(lag_
     # DeepSpeed models' placement group (`pg if colocate_all and not async_enable else None`)
     assert "[Warning] Using --colocate_all_models in async RLHF only colocates DeepSpeed models." in log
     assert "OppoPPOTrainerImpl pid=" in log and "PPOTrainerAsync pid=" not in log
+
+
+def test_a_background_sync_lands_every_version_before_the_engines_decode_on(train_runs, teacher_forced):
+    """The trainer waited for the gather only; the engines resumed once loaded (one landing per sync,
+    beside the driver's spans), and the last probe, decoded after the last landing, holds the saved
+    actor's weights, not the initial ones."""
+    from openrlhf_oppo import timeline
+
+    _, run = _run(train_runs, "lag1-background-sync")
+    probes = run.probes()
+    assert [p["sync"] for p in probes] == [1, 2, 3, 4]
+    rows = timeline.read(run.root / "timeline")
+    landings = timeline.stage_spans(rows, "sync", "landing")
+    syncs = timeline.stage_spans(rows, "driver", "weight_sync")
+    assert len(landings) == len(syncs) == 4
+    for sync, landing in zip(sorted(syncs, key=lambda r: r["t0"]), sorted(landings, key=lambda r: r["t0"])):
+        assert sync["t0"] <= landing["t0"] <= sync["t1"] + 1.0  # started as the trainer was released
+    last = probes[-1]
+    chosen, _, _ = teacher_forced(run.root / "model", last)
+    initial, _, _ = teacher_forced(run.assets / "actor", last)
+    trained_err = (chosen - torch.tensor(last["logprobs"])).abs().max()
+    assert trained_err < LOGPROB_ATOL < (initial - torch.tensor(last["logprobs"])).abs().max()

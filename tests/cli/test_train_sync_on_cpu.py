@@ -12,9 +12,7 @@ import torch
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
 SYNC_STEPS = 4  # configs/tiny-cpu.yaml: 16 prompts / rollout batch 4
-# bf16 vLLM CPU kernels vs an fp32 HF forward of the same weights: a bf16 logprob near -5
-# is a multiple of 2**-5, so rounding alone moves it by up to ~0.016
-LOGPROB_ATOL = 2e-2
+LOGPROB_ATOL = 2e-2  # see conftest._teacher_forced
 TIE_GAP = 1e-2  # greedy choices closer than this are numerical ties
 
 
@@ -22,20 +20,6 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(path / "model.safetensors"))
-
-
-def _teacher_forced(model_dir: Path, probe: dict):
-    """HF logprobs of vLLM's greedy tokens, HF argmax and top-2 gap per position."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    prompt, tokens = probe["prompt_token_ids"], probe["token_ids"]
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits.float()
-    logp = torch.log_softmax(logits[0, len(prompt) - 1 : -1], dim=-1)
-    chosen = logp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
-    top2 = logp.topk(2, dim=-1).values
-    return chosen, logp.argmax(-1), top2[:, 0] - top2[:, 1]
 
 
 def test_sync_train_completes_every_step_with_a_weight_sync(sync_run):
@@ -49,26 +33,26 @@ def test_vllm_output_changes_after_every_weight_sync(sync_run):
         assert before["logprobs"] != after["logprobs"], f"sync {after['sync']} did not change vLLM's output"
 
 
-def test_weights_synced_into_vllm_equal_the_trained_actor(sync_run):
+def test_weights_synced_into_vllm_equal_the_trained_actor(sync_run, teacher_forced):
     """After the last step the engine holds the saved actor's weights: its greedy
     tokens are the HF actor's argmax (up to numerical ties) and its logprobs match
     an HF forward of the trained actor, not of the initial one."""
     last = sync_run.probes()[-1]
     vllm_logprobs = torch.tensor(last["logprobs"])
-    chosen, argmax, gap = _teacher_forced(sync_run.root / "model", last)
+    chosen, argmax, gap = teacher_forced(sync_run.root / "model", last)
     trained_err = (chosen - vllm_logprobs).abs().max()
     assert trained_err < LOGPROB_ATOL
     decided = gap > TIE_GAP
     assert decided.sum() >= len(gap) // 2
     assert torch.equal(argmax[decided], torch.tensor(last["token_ids"])[decided])
-    initial, _, _ = _teacher_forced(sync_run.assets / "actor", last)
+    initial, _, _ = teacher_forced(sync_run.assets / "actor", last)
     initial_err = (initial - vllm_logprobs).abs().max()
     assert initial_err > LOGPROB_ATOL and initial_err > 3 * trained_err  # the check can tell the two apart
 
 
-def test_one_sync_ppo_step_changes_the_actor_and_training_changes_the_critic(sync_run):
+def test_one_sync_ppo_step_changes_the_actor_and_training_changes_the_critic(sync_run, teacher_forced):
     first = sync_run.probes()[0]  # vLLM after step 1's sync
-    initial, _, _ = _teacher_forced(sync_run.assets / "actor", first)
+    initial, _, _ = teacher_forced(sync_run.assets / "actor", first)
     assert (initial - torch.tensor(first["logprobs"])).abs().max() > LOGPROB_ATOL
     for trained, init in ((sync_run.root / "model", sync_run.assets / "actor"),
                           (sync_run.root / "model_critic", sync_run.assets / "reward")):

@@ -99,8 +99,7 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
         raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate), not "
                          "built into runs yet; leave it false")
     if cfg.staleness.background_sync:
-        raise ValueError("--oppo.staleness.background_sync: a simulator setting (openrlhf-oppo simulate), not "
-                         "built into runs yet; leave it false")
+        _check_background_sync(cfg, argv)
     if "reference" in cfg.streaming.scorers():
         kl = _value("--algo.kl.init_coef", argv)
         if kl is not None and float(kl) <= 0:
@@ -232,6 +231,21 @@ def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
     return oppo_config.from_cli(known, base), preset_argv + rest
 
 
+def _check_background_sync(cfg: oppo_config.OppoConfig, argv: list[str]) -> None:
+    """`--oppo.staleness.background_sync true` needs something to overlap the sync with and engines
+    whose weights travel through OpenRLHF's weight-update group (or the CPU sync), not CUDA IPC."""
+    flag = "--oppo.staleness.background_sync true"
+    if not cfg.staleness.max_policy_lag:
+        raise ValueError(f"{flag} needs --oppo.staleness.max_policy_lag >= 1: without async admission the "
+                         f"trainer waits for the engines' next batch, and with it for their weights, anyway")
+    if cfg.megatron.enable:
+        raise ValueError(f"{flag} cannot be combined with --oppo.megatron.enable: the Megatron actor syncs its "
+                         f"weights in the foreground; set --oppo.staleness.background_sync false")
+    if _given("--train.colocate_all", argv) and not _given("--train.async_enable", argv):
+        raise ValueError(f"{flag} with --train.colocate_all needs --train.async_enable: otherwise vLLM shares the "
+                         f"training GPUs (weights sent by CUDA IPC, nothing beside the sync to overlap with)")
+
+
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's job manager sets it in a submitted job's driver
 FORWARDED_ENV = ("WANDB_MODE", "WANDB_DIR", "WANDB_API_KEY")  # and every OPPO_* variable
 
@@ -288,6 +302,7 @@ def run_openrlhf(cfg: oppo_config.OppoConfig, rest: list[str]) -> None:
     if not ray.is_initialized():
         # the trainer actor reads the OPPO config from these env vars
         ray.init(runtime_env={"env_vars": driver_env_vars(os.environ)})
-    patch_driver(streams_rewards(rest, cfg), "reference" in cfg.streaming.scorers(), cfg.megatron.enable)
+    patch_driver(streams_rewards(rest, cfg), "reference" in cfg.streaming.scorers(), cfg.megatron.enable,
+                 cfg.staleness.background_sync)
     sys.argv = [OPENRLHF_MODULE, *rest]
     runpy.run_module(OPENRLHF_MODULE, run_name="__main__", alter_sys=True)

@@ -5,6 +5,7 @@ injection."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -35,6 +36,8 @@ class EnginePool:
         self.aborted_this_step = 0  # aborted requests restarted this step
         self.replies_this_step = 0  # engine replies this step (crash injection counts them)
         self.paused = False  # paused for the weight sync under way
+        self.landing: threading.Thread | None = None  # background sync: waits for the loads, then resumes
+        self.landing_error: BaseException | None = None
 
     def set_reward_tokenizer(self, tokenizer) -> None:
         """With `--reward.remote_url` the engines decode the query text as OpenRLHF's executor does."""
@@ -91,6 +94,7 @@ class EnginePool:
     def poll(self, wake_tokens: int, also: list = ()) -> list[SampleDelta]:
         """Sleep until an engine has output or one of `also` (reward calls) is done, whichever
         is first; the deltas of every engine that answered, engine by engine."""
+        self._raise_landing_error()
         for idx, engine in enumerate(self.engines):
             if idx not in self.polls:
                 self.polls[idx] = engine.next_outputs.remote(POLL_S, wake_tokens)
@@ -143,7 +147,9 @@ class EnginePool:
     # ------------------------------------------------------------------ around a weight sync
 
     def pause(self, keep_kv_cache: bool) -> None:
-        """Pause decoding, requests kept (and their KV cache with `keep_kv_cache`)."""
+        """Pause decoding, requests kept (and their KV cache with `keep_kv_cache`); after the last
+        background sync's loads (`join_landing`)."""
+        self.join_landing()
         self.paused = True
         with timeline.RECORDER.timed("driver", "pause"):
             self.calls.get([e.pause_generation.remote(keep_kv_cache) for e in self.engines])
@@ -153,6 +159,41 @@ class EnginePool:
         self.calls.get([e.set_policy_version.remote(policy_version) for e in self.engines])
         if self.paused:
             with timeline.RECORDER.timed("driver", "resume"):
-                # OpenRLHF's `RolloutRayActor.resume_generation`
-                self.calls.get([e.resume_generation.remote() for e in self.engines])
-            self.paused = False
+                self._unpause()
+
+    def _unpause(self) -> None:
+        self.calls.get([e.resume_generation.remote() for e in self.engines])  # OpenRLHF's `RolloutRayActor`'s
+        self.paused = False
+
+    def resume_when_loaded(self, loads: list, policy_version: int, reset_prefix_cache: bool) -> None:
+        """Background weight sync: the engines stay paused until `loads` (their weight loads, Ray
+        refs) finish; then a thread resets their prefix caches (`reset_prefix_cache`) and resumes
+        them with `policy_version`. The caller goes on meanwhile."""
+        self.join_landing()
+
+        def land() -> None:
+            try:
+                with timeline.RECORDER.timed("sync", "landing"):  # beside the driver's own spans
+                    self.calls.get(loads)
+                    if reset_prefix_cache:
+                        self.calls.get([e.reset_prefix_cache.remote() for e in self.engines])
+                    self.calls.get([e.set_policy_version.remote(policy_version) for e in self.engines])
+                    self._unpause()
+            except BaseException as exc:  # raised in the caller's thread by the next poll or pause
+                self.landing_error = exc
+
+        self.landing = threading.Thread(target=land, name="oppo-weight-landing", daemon=True)
+        self.landing.start()
+
+    def join_landing(self) -> None:
+        """Wait for the last background sync's loads and resume (RuntimeError if they failed)."""
+        if self.landing is not None:
+            self.landing.join()
+            self.landing = None
+        self._raise_landing_error()
+
+    def _raise_landing_error(self) -> None:
+        if self.landing_error is not None:
+            exc, self.landing_error = self.landing_error, None
+            raise RuntimeError(f"OPPO step {self.step}: the engines' weight load (background sync) failed: "
+                               f"{exc!r}") from exc

@@ -15,17 +15,17 @@ decision:
               next begin_step run as the batch is taken, so the next step's groups decode
               while the trainer trains (the scheduler forces a group into a batch before any
               of its tokens would be more than N versions behind)
-    carry     end_step: unfinished groups keep decoding through training; the
-              trainer's weight sync pauses them (`pause_generation(mode="keep")`, KV cache
-              kept unless --oppo.staleness.keep_kv_cache false)
-              and bumps the policy version their next tokens are stamped with
+    carry     end_step: unfinished groups keep decoding through training; the trainer's weight
+              sync pauses them (`pause_generation(mode="keep")`, KV cache kept unless
+              --oppo.staleness.keep_kv_cache false) and bumps the policy version their next tokens
+              are stamped with (--oppo.staleness.background_sync: once the engines loaded it)
     sleep     with --vllm.enable_sleep (the hybrid engine: vLLM and the DeepSpeed models share
               the GPUs) the carried requests stop at the batch with every token kept, the
               engines sleep while the models train, and after the wake they decode on from
               their tokens (prompt + partial response re-prefilled, `oppo/reprefilled_tokens`)
 
-The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators:
-the `EnginePool` (placement, starts, polls, aborts), the `Scorers` (chunks to the scorer
+The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators: the
+`EnginePool` (placement, starts, polls, aborts, pause/resume), the `Scorers` (chunks to the scorer
 actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics); `openrlhf_executor`
 holds what mirrors OpenRLHF's executor. Per-token policy versions (and rollout logprobs, when an
 importance-sampling correction uses them) are recorded; OpenRLHF computes old logprobs, values
@@ -63,8 +63,7 @@ class OppoSamplesGenerator(SamplesGenerator):
     def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, *,
                  oppo: oppo_config.OppoConfig, scheduler: OverlapScheduler, engines: EnginePool,
                  scorers: Scorers, meter: StepMeter):
-        """`engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward and reference groups
-        when OPPO streams them (`run_config`); `meter` is the one `scorers` feed."""
+        # `engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward and reference groups (`meter`)
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         self.oppo = oppo
         self.reward_mode = reward_mode(self.args, oppo)
@@ -89,6 +88,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.ledger = RunLedger()
         self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted since the last step event
         self.async_admission = oppo.staleness.max_policy_lag >= 1
+        self.background_sync = oppo.staleness.background_sync  # the launcher allows it with async admission only
         self.sleep_mode = bool(self.args.vllm.enable_sleep)  # OpenRLHF ignores it without --train.colocate_all
         self.parked = False  # sleep mode: the carried samples were stopped at the last batch, to decode on
         self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
@@ -102,9 +102,8 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     @torch.no_grad()
     def generate_samples(self, **generate_kwargs):
-        """Phases admit -> stream -> batch of one OPPO step; `finish_step` closes it
-        once OpenRLHF has the batch's rewards."""
-        if self.open_batch is not None:
+        """Phases admit -> stream -> batch of one OPPO step; `finish_step` closes it once OpenRLHF has the rewards."""
+        if self.open_batch is not None:  # a driver bug
             raise RuntimeError("generate_samples called before finish_step closed the previous step")
         with timeline_hooks.generating():
             return self._generate_step(generate_kwargs)
@@ -155,8 +154,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         return len(self.prompts_dataloader)
 
     def _begin(self, step: int, generate_kwargs) -> tuple[StepPlan, int]:
-        """Begin `step` in the scheduler and start its plan; returns it with the end of the pass
-        (prompt position) it admits up to."""
+        """Begin `step` in the scheduler, start its plan; returns it and the pass end (prompt index) it admits to."""
         per_pass = self._per_pass
         boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
         plan = self.scheduler.begin_step(step, admit_until=boundary)
@@ -180,8 +178,8 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ------------------------------------------------------------------ admit
 
     def _admit(self, plan: StepPlan, generate_kwargs, step: int) -> None:
-        """Start the plan's new groups (and, after a checkpoint load, the held ones):
-        each sample on its engine and, when streaming, opened on its reward actor."""
+        """Start the plan's new groups (and, after a checkpoint load, the held ones): each sample on its engine
+        and, when streaming, opened on its reward actor."""
         self.sampling_params = openrlhf_executor.sampling_params(generate_kwargs, self.record_logprobs,
                                                                      self.detokenize)
         self.prompts.set_limits(self.sampling_params.max_tokens, generate_kwargs.get("max_len", 2048))
@@ -216,16 +214,16 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.scorers.confirm_opened()
 
     def _seed(self, step: int, slot: int, prompt: str, sample_index: int) -> int | None:
-        """vLLM seed of a request started now (`--train.full_determinism_enable`), as
-        OpenRLHF's schedules seed theirs (integrations.runtime.seeding); None: engine RNG."""
-        full = self.args.train.full_determinism_enable
-        return request_seed(self.args.train.seed, step, slot, prompt, sample_index) if full else None
+        """vLLM seed of a request started now (`--train.full_determinism_enable`), as OpenRLHF's schedules seed
+        theirs (integrations.runtime.seeding); None: engine RNG."""
+        if self.args.train.full_determinism_enable:
+            return request_seed(self.args.train.seed, step, slot, prompt, sample_index)
 
     # ------------------------------------------------------------------ generate + stream
 
     def _stream_until_batch(self, wake_tokens: int) -> tuple[TrainBatch, int]:
-        """Feed the engines' deltas to the scheduler and its chunks to the scorer actors until
-        it has a batch; returns it with the tokens decoded meanwhile."""
+        """Feed the engines' deltas to the scheduler and its chunks to the scorer actors until it has a batch;
+        returns it with the tokens decoded meanwhile."""
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
@@ -272,12 +270,10 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     def _restart_aborted(self, aborted: list[SampleDelta]) -> None:
         restarts = []
-        for d in aborted:
+        for d in aborted:  # unseeded: a failure is not part of a reproducible run
             gid, held = self.scheduler.group_of(d.sample_id), self.scheduler.held_tokens(d.sample_id)
-            # unseeded: a failure is not part of a reproducible run
-            req = self.prompts.request(gid, d.sample_id, held, None)
-            restarts.append((d, gid, req))
-            self.meter.reprefilled_tokens += len(req.prompt_ids) + len(held)
+            restarts.append((d, gid, self.prompts.request(gid, d.sample_id, held, None)))
+            self.meter.reprefilled_tokens += len(restarts[-1][2].prompt_ids) + len(held)
         self.engines.restart_aborted(restarts, self.sampling_params)
 
     def _park(self) -> int:
@@ -368,15 +364,19 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no
-        # pause; in sleep mode the carried ones were stopped at the batch
-        if self.scheduler.in_flight_groups and not self.sleep_mode:
+        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no pause; in
+        # sleep mode the carried ones stopped at the batch. A background sync pauses whatever decodes or starts.
+        if (self.scheduler.in_flight_groups or self.background_sync) and not self.sleep_mode:
             self.engines.pause(self.oppo.staleness.keep_kv_cache)
 
-    def resume_after_weight_sync(self) -> None:
-        # The engines now hold the weights trained on the open step's batch (or, on a
-        # resume, the checkpoint's): tokens from here on are that policy version.
-        self.engines.resume(self.step + (1 if self.open_batch is not None else 0))
+    def resume_after_weight_sync(self, loads: list | None = None) -> None:
+        """The engines hold (with `loads`, a background sync's: once those finish) the weights trained on the
+        open step's batch, or on a resume the checkpoint's: tokens from here on are that policy version."""
+        version = self.step + (1 if self.open_batch is not None else 0)
+        if loads is None:
+            self.engines.resume(version)
+        else:
+            self.engines.resume_when_loaded(loads, version, bool(self.args.vllm.enable_prefix_caching))
 
     # ---------------------------------------------------------------- ledger, checkpoint
 

@@ -76,6 +76,13 @@ class OppoRolloutActor(_BASE):
     def set_reward_tokenizer(self, tokenizer) -> None:
         self._reward_tokenizer = tokenizer
 
+    async def receive_weights(self, metas: list[tuple]) -> None:
+        """The engine side of a background weight sync on GPUs (`background_sync.NcclSender`): each
+        (name, dtype, shape) in order through vLLM's worker `update_weight`, as OpenRLHF's
+        `update_weight` receives one parameter, in one call instead of a Ray round trip each."""
+        for i, (name, dtype, shape) in enumerate(metas):
+            await self.llm.collective_rpc("update_weight", args=(name, dtype, shape, i == len(metas) - 1))
+
     def set_policy_version(self, version: int) -> None:
         """Called while generation is paused for a weight sync: later tokens carry `version`."""
         self._policy_version = version

@@ -45,9 +45,9 @@ from openrlhf.trainer import ppo_trainer_async as _ppo_trainer_async
 from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
-from openrlhf_oppo import run_env
+from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.core import OverlapScheduler
-from openrlhf_oppo.integrations.runtime import faults, guards
+from openrlhf_oppo.integrations.runtime import background_sync, faults, guards
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
@@ -129,11 +129,23 @@ class OppoPPOTrainerImpl(_BASE):
         self.experience_maker.make_experience_batch = checked_experience_batch
 
     def broadcast_to_vllm(self) -> None:
-        self.samples_generator.pause_for_weight_sync()
+        gen = self.samples_generator
+        gen.pause_for_weight_sync()
+        if not gen.background_sync:
+            try:
+                super().broadcast_to_vllm()
+            finally:
+                gen.resume_after_weight_sync()
+            return
+        # --oppo.staleness.background_sync: wait for the gather only; the engines resume when loaded
         try:
-            super().broadcast_to_vllm()
-        finally:
-            self.samples_generator.resume_after_weight_sync()
+            with timeline.RECORDER.timed("driver", "weight_sync"):
+                replies = ray.get(self.actor_model_group.async_run_method(method_name="broadcast_to_vllm"))
+            loads = background_sync.engine_loads(replies)
+        except BaseException:
+            gen.resume_after_weight_sync()
+            raise
+        gen.resume_after_weight_sync(loads)
 
     def train_step(self, rollout_samples, global_step: int):
         status, step = super().train_step(rollout_samples, global_step)
@@ -183,7 +195,8 @@ class OppoPPOTrainerImpl(_BASE):
 OppoPPOTrainer = ray.remote(OppoPPOTrainerImpl)
 
 
-def patch_driver(stream_rewards: bool, stream_reference: bool = False, megatron: bool = False) -> None:
+def patch_driver(stream_rewards: bool, stream_reference: bool = False, megatron: bool = False,
+                 sync_in_background: bool = False) -> None:
     """Swap the names in the driver, before `train_ppo_ray.train` runs (and imports them)."""
     _ppo_trainer.PPOTrainer = OppoPPOTrainer
     _ppo_trainer_async.PPOTrainerAsync = OppoPPOTrainer  # --train.async_enable: OpenRLHF's async layout, OPPO's trainer
@@ -192,6 +205,10 @@ def patch_driver(stream_rewards: bool, stream_reference: bool = False, megatron:
         _launcher.RewardModelActor = StreamingRewardModelRayActor
     if stream_reference:
         _launcher.ReferenceModelActor = StreamingReferenceModelRayActor
+    if sync_in_background:  # --oppo.staleness.background_sync (the launcher refuses it with Megatron)
+        from openrlhf.trainer.ray import ppo_actor
+
+        ppo_actor.PolicyModelActor = background_sync.BackgroundSyncPolicyModelRayActor
     if megatron:
         from openrlhf.trainer.ray import ppo_actor
 

@@ -99,3 +99,67 @@ def test_resume_sets_the_policy_version_and_resumes_only_what_was_paused(fakes):
     assert all(e.pause_generation.calls == [(True,)] for e in pool.engines)
     pool.resume(2)
     assert all(e.resume_generation.calls == [()] for e in pool.engines) and not pool.paused
+
+
+class GatedCalls:
+    """`FakeCalls` whose `get` of a `gate` ref blocks until the test opens it (an engine still
+    loading weights); records the order of the engine calls made through it."""
+
+    def __init__(self, fakes) -> None:
+        import threading
+
+        self.inner, self.gate, self.opened = fakes.FakeCalls(), fakes.FakeRef("loaded"), threading.Event()
+
+    def get(self, refs):
+        if refs is self.gate or (isinstance(refs, list) and self.gate in refs):
+            assert self.opened.wait(10), "the load never finished"
+        return self.inner.get(refs)
+
+
+def _gated_pool(fakes):
+    pool, _ = make_pool(fakes, engines=2)
+    for e in pool.engines:
+        e.reset_prefix_cache = fakes.FakeMethod()
+    pool.calls = GatedCalls(fakes)
+    return pool
+
+
+def test_a_background_sync_resumes_the_engines_only_once_they_loaded_the_weights_and_the_caller_goes_on(fakes):
+    pool = _gated_pool(fakes)
+    pool.pause(keep_kv_cache=True)
+    pool.resume_when_loaded([pool.calls.gate], policy_version=3, reset_prefix_cache=True)  # returns at once
+    assert pool.landing.is_alive() and pool.paused
+    assert all(e.set_policy_version.calls == [] and e.resume_generation.calls == [] for e in pool.engines)
+    pool.calls.opened.set()
+    pool.join_landing()
+    for e in pool.engines:  # the prefix cache was reset before decoding resumed, with the new version
+        assert e.reset_prefix_cache.calls == [()] and e.set_policy_version.calls == [(3,)]
+        assert e.resume_generation.calls == [()]
+    assert not pool.paused and pool.landing is None
+
+
+def test_the_next_pause_waits_for_the_last_background_sync_to_land(fakes):
+    import threading
+
+    pool = _gated_pool(fakes)
+    pool.pause(keep_kv_cache=False)
+    pool.resume_when_loaded([pool.calls.gate], policy_version=1, reset_prefix_cache=False)
+    second = threading.Thread(target=pool.pause, args=(False,))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive(), "the next sync paused the engines before the last one's weights were loaded"
+    assert all(len(e.pause_generation.calls) == 1 for e in pool.engines)
+    pool.calls.opened.set()
+    second.join(10)
+    assert all(e.pause_generation.calls == [(False,), (False,)] for e in pool.engines)
+    assert all(e.resume_generation.calls == [()] for e in pool.engines) and pool.paused
+
+
+def test_a_failed_load_stops_the_run_at_the_next_poll_naming_the_background_sync(fakes):
+    pool, _ = make_pool(fakes, engines=1)
+    pool.pause(keep_kv_cache=True)
+    pool.resume_when_loaded([fakes.FakeRef(error=ValueError("worker died"))], 2, reset_prefix_cache=False)
+    pool.landing.join(10)
+    with pytest.raises(RuntimeError, match=r"weight load \(background sync\) failed: ValueError\('worker died'\)"):
+        pool.poll(wake_tokens=4)
+    assert pool.engines[0].resume_generation.calls == []  # never decodes on half-loaded weights

@@ -87,6 +87,9 @@ class FakePool:
     def resume(self, policy_version: int) -> None:
         self.version, self.paused = policy_version, False
 
+    def resume_when_loaded(self, loads: list, policy_version: int, reset_prefix_cache: bool) -> None:
+        self.calls.append(("resume_when_loaded", loads, policy_version, reset_prefix_cache))
+
 
 class FakeRewards:
     """Acknowledges every chunk at once; a finished sample's reward is its id."""
@@ -278,3 +281,15 @@ def test_sleep_mode_stops_carried_samples_at_the_batch_and_decodes_them_on_after
     carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
     assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
     assert step.metrics["oppo/reprefilled_tokens"] == 2 * (len("p1") + 2)  # prompt + held, re-prefilled
+
+
+def test_a_background_sync_pauses_the_engines_with_nothing_carried_and_hands_them_the_loads(fakes):
+    gen = make_generator(fakes, max_lag=2)
+    gen.args.vllm.enable_prefix_caching = False
+    gen.pause_for_weight_sync()
+    assert not gen.engines.paused  # nothing in flight, foreground sync: no pause
+    gen.background_sync = True
+    gen.pause_for_weight_sync()  # nothing may start on half-loaded weights
+    assert gen.engines.paused
+    gen.resume_after_weight_sync(["load 0", "load 1"])
+    assert gen.engines.calls == [("resume_when_loaded", ["load 0", "load 1"], 0, False)] and gen.engines.paused

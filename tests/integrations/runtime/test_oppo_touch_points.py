@@ -70,16 +70,19 @@ def test_generator_contract():
         assert f'"{key}"' in src
 
 
-@pytest.mark.parametrize("stream_rewards,stream_reference", [(True, True), (True, False), (False, False)])
-def test_patch_driver_swaps_the_classes(stream_rewards, stream_reference):
-    from openrlhf.trainer.ray import launcher
+@pytest.mark.parametrize("stream_rewards,stream_reference,background", [
+    (True, True, False), (True, False, False), (False, False, False), (False, False, True)])
+def test_patch_driver_swaps_the_classes(stream_rewards, stream_reference, background):
+    from openrlhf.trainer.ray import launcher, ppo_actor
 
     from openrlhf_oppo.integrations.runtime import trainer as oppo_trainer
 
     saved = (ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor,
-             launcher.ReferenceModelActor)
+             launcher.ReferenceModelActor, ppo_actor.PolicyModelActor)
     try:
-        oppo_trainer.patch_driver(stream_rewards, stream_reference)
+        oppo_trainer.patch_driver(stream_rewards, stream_reference, sync_in_background=background)
+        policy = ppo_actor.PolicyModelActor.__ray_metadata__.modified_class.__mro__[1]
+        assert policy.__name__ == ("BackgroundSyncPolicyModelActor" if background else "PolicyModelActor")
         assert ppo_trainer.PPOTrainer is oppo_trainer.OppoPPOTrainer
         assert vllm_engine.RolloutRayActor.__ray_metadata__.modified_class.__mro__[1].__name__ == "OppoRolloutActor"
         reward = launcher.RewardModelActor.__ray_metadata__.modified_class
@@ -91,7 +94,7 @@ def test_patch_driver_swaps_the_classes(stream_rewards, stream_reference):
             assert name in vars(impl)  # overridden in the subclass, not patched in place
     finally:
         (ppo_trainer.PPOTrainer, vllm_engine.RolloutRayActor, launcher.RewardModelActor,
-         launcher.ReferenceModelActor) = saved
+         launcher.ReferenceModelActor, ppo_actor.PolicyModelActor) = saved
 
 
 def test_make_experience_takes_the_reference_from_dispatch_forward_and_flattens_it_by_duplicate_factor():
@@ -231,11 +234,29 @@ def test_unwired_critic_streaming_and_the_simulators_settings_are_refused_by_nam
     cfg, rest = parse(["--oppo.streaming.experience_ahead", "true"])
     with pytest.raises(ValueError, match=r"--oppo\.streaming\.experience_ahead: a simulator setting"):
         check_flags(rest, cfg)
-    cfg, rest = parse(["--oppo.staleness.background_sync", "true"])
-    with pytest.raises(ValueError, match=r"--oppo\.staleness\.background_sync: a simulator setting"):
-        check_flags(rest, cfg)
     cfg, rest = parse(["--oppo.streaming.reference", "true"])
     check_flags(rest, cfg)  # streamed into OpenRLHF's reference group
+
+
+LAG2 = ["--oppo.staleness.max_policy_lag", "2"]
+
+
+@pytest.mark.parametrize("flags,refused", [
+    ([], r"needs --oppo\.staleness\.max_policy_lag >= 1"),
+    ([*LAG2, "--oppo.megatron.enable", "true"], r"cannot be combined with --oppo\.megatron"),
+    ([*LAG2, "--train.colocate_all"], r"with --train\.colocate_all needs --train\.async_enable"),
+    ([*LAG2, "--train.colocate_all", "--train.async_enable"], None),
+    (["--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false"], None),  # vLLM on GPUs of its own
+])
+def test_background_sync_runs_where_there_is_something_to_overlap_and_is_refused_by_name_elsewhere(flags, refused):
+    from openrlhf_oppo.cli.train_ppo_ray import check_flags, parse
+
+    cfg, rest = parse(["--oppo.staleness.background_sync", "true", *flags])
+    if refused is None:
+        check_flags(rest, cfg)
+        return
+    with pytest.raises(ValueError, match=r"--oppo\.staleness\.background_sync true " + refused):
+        check_flags(rest, cfg)
 
 
 REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
