@@ -14,6 +14,8 @@ optimizer states and gradients to the host while vLLM generates). Per GPU
     streaming reward actor   the whole reward model (--ds.param_dtype) + its KV budget
                              + the batched forward's 2 x STREAM_MAX_BATCH_TOKENS of KV
     streaming reference actor likewise, the whole reference (--oppo.streaming.reference)
+    background sync buffer   the actor's whole weights (--ds.param_dtype) on its first GPU
+                             (--oppo.staleness.background_sync)
     ZeRO-3 live parameters (training and its forwards), reserve (CUDA contexts, NCCL, fragmentation)
 
 Activations are left out: this is a lower bound, so whatever it refuses cannot fit.
@@ -114,6 +116,9 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
     if actor_cfg is not None:
         actor = footprint.params_of_config(actor_cfg)
         items += trained("actor", actor, gpus("actor"))
+        if cfg is not None and cfg.staleness.background_sync:  # on the actor's first GPU: counted on each
+            items.append(("background sync buffer (--oppo.staleness.background_sync: the actor's weights)",
+                          DTYPE_BYTES.get(v["ds.param_dtype"], 4) * actor, ALWAYS))
         if v["algo.kl.init_coef"] > 0:
             items += (streamed("reference", actor_cfg, actor, "ref") if streams_reference(cfg) else
                       [("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS)])

@@ -15,6 +15,9 @@
                 async admission without streaming: OpenRLHF's reward forward, so under
                 --train.colocate_all --train.async_enable the reward model shares the DeepSpeed
                 models' GPUs, as in OpenRLHF's async mode
+    oppo-async-bg
+                oppo-async-inter with the weight sync in the background
+                (--oppo.staleness.background_sync): the trainer waits for the gather only
     oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
     oppo-off    OPPO with Δ = 0 and streaming off: synchronous PPO through OPPO's machinery
                 (what it costs when there is nothing to overlap)
@@ -78,6 +81,9 @@ SCHEDULES: dict[str, Schedule] = {
         Schedule("oppo-async-inter", "OPPO with async admission (max_policy_lag 2) and carry-over, no streaming: "
                  "the reward model can share the DeepSpeed models' GPUs", entry_module=OPPO_ENTRY,
                  oppo={"staleness": {"max_policy_lag": 2}, "streaming": {"enable": False}}),
+        Schedule("oppo-async-bg", "oppo-async-inter with the weight sync in the background: the trainer waits for "
+                 "the gather only", entry_module=OPPO_ENTRY,
+                 oppo={"staleness": {"max_policy_lag": 2, "background_sync": True}, "streaming": {"enable": False}}),
         Schedule("oppo-eq4", "OPPO with the paper's eq. 4 Δ rule (reward slope)", entry_module=OPPO_ENTRY,
                  oppo={"delta": {"rule": "eq4"}}),
         Schedule("oppo-off", "OPPO with Δ = 0 and streaming off: its machinery, nothing to overlap",

@@ -75,6 +75,14 @@ def test_with_async_enable_vllm_has_gpus_of_its_own_and_the_refused_layout_fits(
     assert "57.1 of 80.0 GB per GPU" in capsys.readouterr().out
 
 
+def test_a_background_sync_buffer_is_counted_as_the_actors_whole_bf16_weights(tmp_path, gpu_80gb, capsys):
+    # the async layout above plus 2 B x 7.62e9 parameters = 15.24 GB: 57.06 + 15.24 = 72.30 GB
+    flags = {**make_layout(tmp_path), "train.async_enable": True, "vllm.gpu_memory_utilization": 0.95}
+    preflight.check_config(flags, ["--oppo.streaming.kv_budget_tokens", "65536", "--oppo.staleness.max_policy_lag",
+                                   "2", "--oppo.staleness.background_sync", "true"], oppo=True)
+    assert "72.3 of 80.0 GB per GPU" in capsys.readouterr().out
+
+
 def test_a_budget_too_large_for_what_vllm_leaves_is_refused_with_the_budget_that_fits(tmp_path, gpu_80gb):
     with pytest.raises(ValueError, match=r"--oppo.streaming.kv_budget_tokens [\d,]+ or lower"):
         check(make_layout(tmp_path), util=0.28, budget=200_000)
