@@ -32,6 +32,7 @@ the Megatron actor in, so a cluster's workers need nothing on their PYTHONPATH f
 from __future__ import annotations
 
 import threading
+import traceback
 
 import ray
 import torch
@@ -56,10 +57,10 @@ class CpuSender:
     def add(self, name: str, tensor) -> None:
         self.packed.append(self.weight_sync.pack_tensor(name, tensor))
 
-    def start(self) -> list:
+    def start(self) -> tuple[list, None]:
         loads = self.weight_sync.submit(self.owner, self.packed)
         self.weight_sync.probe(self.owner)  # queued: the engines stay paused until the loads finish
-        return loads
+        return loads, None
 
 
 class NcclSender:
@@ -82,16 +83,21 @@ class NcclSender:
         use_ray = getattr(owner.strategy.args.vllm, "sync_with_ray", False)
 
         def send() -> None:
-            stream.wait_event(copied)
-            with torch.cuda.stream(stream), timeline.RECORDER.timed("sync", "send"):  # beside the actor's spans
-                for _, tensor in buffer:
-                    if use_ray:
-                        import ray.util.collective as collective
+            try:
+                stream.wait_event(copied)
+                with torch.cuda.stream(stream), timeline.RECORDER.timed("sync", "send"):  # beside the actor's spans
+                    for _, tensor in buffer:
+                        if use_ray:
+                            import ray.util.collective as collective
 
-                        collective.broadcast(tensor, 0, group_name=owner._model_update_group)
-                    else:
-                        owner._model_update_group.broadcast(tensor, src=0, stream=stream)
-                stream.synchronize()
+                            collective.broadcast(tensor, 0, group_name=owner._model_update_group)
+                        else:
+                            owner._model_update_group.broadcast(tensor, src=0, stream=stream)
+                    stream.synchronize()
+            except BaseException:  # the engines would wait for the rest forever: fail their loads instead
+                traceback.print_exc()
+                for ref in loads:
+                    ray.cancel(ref)
 
         thread = threading.Thread(target=send, name="oppo-weight-send", daemon=True)
         thread.start()
@@ -125,11 +131,7 @@ def start_sync(trainer) -> list:
                 sender.add(name, param.data)
     loads = []
     if rank0:
-        started = sender.start()
-        if isinstance(started, tuple):
-            loads, trainer._oppo_send_thread = started
-        else:
-            loads = started
+        loads, trainer._oppo_send_thread = sender.start()
     torch.distributed.barrier()
     return loads
 

@@ -1,6 +1,6 @@
 """OPPO's schedules (`oppo`, `oppo-async`, `oppo-async-inter`, `oppo-async-bg`, `oppo-eq4`, `oppo-fixed`,
-`oppo-intra`, `oppo-inter`) as a driver of the simulated world. The real `OverlapScheduler` decides; the driver only turns
-engine and scorer events into scheduler calls and executes its plans, as the Ray adapter does.
+`oppo-intra`, `oppo-inter`) as a driver of the simulated world. The real `OverlapScheduler` decides; the
+driver only turns engine and scorer events into scheduler calls and executes its plans, as the Ray adapter does.
 
 Async admission (`staleness.max_policy_lag` N >= 1, the `oppo-async` schedule)::
 
