@@ -96,3 +96,24 @@ def test_a_background_sync_lands_every_version_before_the_engines_decode_on(trai
     initial, _, _ = teacher_forced(run.assets / "actor", last)
     trained_err = (chosen - torch.tensor(last["logprobs"])).abs().max()
     assert trained_err < LOGPROB_ATOL < (initial - torch.tensor(last["logprobs"])).abs().max()
+
+
+def test_a_run_with_the_sync_in_the_background_resumes_from_its_checkpoint_losing_nothing(
+        train_runs, tmp_path_factory, monkeypatch, check_resumed_ledger):
+    """`oppo-async-bg` (lag 2, carry-over, streaming off) killed right after step 0's checkpoint, with
+    groups carried and the next step's decoding and a sync's loads possibly still landing; the
+    resumed run's first sync (the checkpoint's weights) lands in the background too, before any
+    carried sample decodes on."""
+    schedule, extra = "oppo-async-bg", ASYNC_LAYOUT
+    root_a = tmp_path_factory.mktemp("bg-resume-a")
+    with monkeypatch.context() as env:
+        env.setenv("OPPO_FAULTS", "driver@0")
+        run_a = train_runs(schedule, *extra, "--data.max_samples", "8", "--ckpt.save_steps", "1", output=root_a)
+    assert run_a.returncode != 0 and list((root_a / "checkpoints" / "_actor").glob("global_step1")), f"see {root_a}"
+    run_b = train_runs(schedule, *extra, "--data.max_samples", "8", "--ckpt.load_enable", "--ckpt.path",
+                       str(root_a / "checkpoints"), output=tmp_path_factory.mktemp("bg-resume-b"))
+    assert run_b.returncode == 0, run_b.failure()
+    assert [r["step"] for r in run_a.trace()] == [0] and [r["step"] for r in run_b.trace()][0] == 1
+    check_resumed_ledger(run_a, run_b)
+    events = ledger.read_events(run_a.root / "ledger.jsonl") + ledger.read_events(run_b.root / "ledger.jsonl")
+    assert ledger.check_events(events).ok
