@@ -63,7 +63,7 @@ class OppoSamplesGenerator(SamplesGenerator):
     def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, *,
                  oppo: oppo_config.OppoConfig, scheduler: OverlapScheduler, engines: EnginePool,
                  scorers: Scorers, meter: StepMeter):
-        # `engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward and reference groups (`meter`)
+        """`engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward / reference groups."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         self.oppo = oppo
         self.reward_mode = reward_mode(self.args, oppo)
@@ -103,7 +103,7 @@ class OppoSamplesGenerator(SamplesGenerator):
     @torch.no_grad()
     def generate_samples(self, **generate_kwargs):
         """Phases admit -> stream -> batch of one OPPO step; `finish_step` closes it once OpenRLHF has the rewards."""
-        if self.open_batch is not None:  # a driver bug
+        if self.open_batch is not None:
             raise RuntimeError("generate_samples called before finish_step closed the previous step")
         with timeline_hooks.generating():
             return self._generate_step(generate_kwargs)
@@ -214,10 +214,10 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.scorers.confirm_opened()
 
     def _seed(self, step: int, slot: int, prompt: str, sample_index: int) -> int | None:
-        """vLLM seed of a request started now (`--train.full_determinism_enable`), as OpenRLHF's schedules seed
-        theirs (integrations.runtime.seeding); None: engine RNG."""
-        if self.args.train.full_determinism_enable:
-            return request_seed(self.args.train.seed, step, slot, prompt, sample_index)
+        """vLLM seed of a request started now (`--train.full_determinism_enable`), as
+        OpenRLHF's schedules seed theirs (integrations.runtime.seeding); None: engine RNG."""
+        full = self.args.train.full_determinism_enable
+        return request_seed(self.args.train.seed, step, slot, prompt, sample_index) if full else None
 
     # ------------------------------------------------------------------ generate + stream
 
@@ -272,8 +272,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         restarts = []
         for d in aborted:  # unseeded: a failure is not part of a reproducible run
             gid, held = self.scheduler.group_of(d.sample_id), self.scheduler.held_tokens(d.sample_id)
-            restarts.append((d, gid, self.prompts.request(gid, d.sample_id, held, None)))
-            self.meter.reprefilled_tokens += len(restarts[-1][2].prompt_ids) + len(held)
+            req = self.prompts.request(gid, d.sample_id, held, None)
+            restarts.append((d, gid, req))
+            self.meter.reprefilled_tokens += len(req.prompt_ids) + len(held)
         self.engines.restart_aborted(restarts, self.sampling_params)
 
     def _park(self) -> int:
@@ -373,10 +374,9 @@ class OppoSamplesGenerator(SamplesGenerator):
         """The engines hold (with `loads`, a background sync's: once those finish) the weights trained on the
         open step's batch, or on a resume the checkpoint's: tokens from here on are that policy version."""
         version = self.step + (1 if self.open_batch is not None else 0)
-        if loads is None:
-            self.engines.resume(version)
-        else:
-            self.engines.resume_when_loaded(loads, version, bool(self.args.vllm.enable_prefix_caching))
+        if loads is not None:
+            return self.engines.resume_when_loaded(loads, version, bool(self.args.vllm.enable_prefix_caching))
+        self.engines.resume(version)
 
     # ---------------------------------------------------------------- ledger, checkpoint
 
