@@ -82,8 +82,11 @@ class NcclSender:
         stream = torch.cuda.Stream()
         use_ray = getattr(owner.strategy.args.vllm, "sync_with_ray", False)
 
+        device = torch.cuda.current_device()  # a thread starts on device 0: send from the trainer's
+
         def send() -> None:
             try:
+                torch.cuda.set_device(device)
                 stream.wait_event(copied)
                 with torch.cuda.stream(stream), timeline.RECORDER.timed("sync", "send"):  # beside the actor's spans
                     for _, tensor in buffer:
