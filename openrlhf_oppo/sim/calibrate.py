@@ -74,6 +74,17 @@ def step_tokens(rollouts: Path, prompt_tokens: int, micro_batch: int, packing: b
     return per_step, lengths
 
 
+def sync_seconds(rows: list[dict]) -> list[float]:
+    """Each weight sync, from the driver's call to the engines' resume: a background sync
+    (`--oppo.staleness.background_sync`) returns after the gather and ends when its loads land
+    (its `sync`/`landing` span, started as the call returned)."""
+    syncs = sorted(timeline.stage_spans(rows, "driver", "weight_sync"), key=lambda r: r["t0"])
+    landings = sorted(timeline.stage_spans(rows, "sync", "landing"), key=lambda r: r["t0"])
+    if len(landings) != len(syncs):  # a foreground sync (none land), or a run cut short: the calls alone
+        return [r["t1"] - r["t0"] for r in syncs]
+    return [max(s["t1"], land["t1"]) - s["t0"] for s, land in zip(syncs, landings, strict=True)]
+
+
 def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int, warmup_steps: int) -> dict:
     """Measured costs and lengths of the runs, as preset sections."""
     lives, phases, syncs, lengths, gen_over, reward_spans = [], [], [], [], [], []
@@ -88,7 +99,7 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
         gen_over.append(generate_overhead(rows))
         lives += fitting.decode_lives(rows, warmup_steps)
         phases += phase_points(rows, per_step, warmup_steps, experience_forwards(rows, w))
-        syncs += [r["t1"] - r["t0"] for r in timeline.stage_spans(rows, "driver", "weight_sync")][warmup_steps:]
+        syncs += sync_seconds(rows)[warmup_steps:]
         reward_spans += [r for r in rows if r["kind"] == "span" and r["role"] == "reward"
                          and r["stage"] in ("prefill", "score") and r.get("tokens")]
     dec = fitting.fit_decode(lives, e.decode_slowdown_shared, e.decode_slowdown_scoring or 1.0)

@@ -109,3 +109,10 @@ def test_calibrate_names_what_a_run_directory_lacks(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="timeline/ and rollouts.jsonl"):
         calibrate.calibrate([tmp_path / "empty"], load_preset("cpu-longtail"), PROMPT, 0)
+
+
+def test_a_background_sync_counts_until_its_loads_land():
+    rows = [span("driver", "weight_sync", 10.0, 10.1), span("sync", "landing", 10.1, 10.6),
+            span("driver", "weight_sync", 20.0, 20.2), span("sync", "landing", 20.2, 20.3)]
+    assert calibrate.sync_seconds(rows) == pytest.approx([0.6, 0.3])
+    assert calibrate.sync_seconds(rows[::2]) == pytest.approx([0.1, 0.2])  # foreground: the calls are the syncs
