@@ -6,6 +6,7 @@ injection."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import ray
@@ -36,6 +37,7 @@ class EnginePool:
         self.aborted_this_step = 0  # aborted requests restarted this step
         self.replies_this_step = 0  # engine replies this step (crash injection counts them)
         self.paused = False  # paused for the weight sync under way
+        self.paused_at, self.paused_s = 0.0, 0.0  # when the engines paused; seconds paused since `take_paused_s`
         self.landing: threading.Thread | None = None  # background sync: waits for the loads, then resumes
         self.landing_error: BaseException | None = None
 
@@ -150,7 +152,7 @@ class EnginePool:
         """Pause decoding, requests kept (and their KV cache with `keep_kv_cache`); after the last
         background sync's loads (`join_landing`)."""
         self.join_landing()
-        self.paused = True
+        self.paused, self.paused_at = True, time.time()
         with timeline.RECORDER.timed("driver", "pause"):
             self.calls.get([e.pause_generation.remote(keep_kv_cache) for e in self.engines])
 
@@ -163,7 +165,13 @@ class EnginePool:
 
     def _unpause(self) -> None:
         self.calls.get([e.resume_generation.remote() for e in self.engines])  # OpenRLHF's `RolloutRayActor`'s
-        self.paused = False
+        self.paused, self.paused_s = False, self.paused_s + time.time() - self.paused_at
+
+    def take_paused_s(self) -> float:
+        """Seconds the engines sat paused for weight syncs that ended since the last call (a background
+        sync's pause ends when its loads land, often in the next step)."""
+        paused_s, self.paused_s = self.paused_s, 0.0
+        return paused_s
 
     def resume_when_loaded(self, loads: list, policy_version: int, reset_prefix_cache: bool) -> None:
         """Background weight sync: the engines stay paused until `loads` (their weight loads, Ray

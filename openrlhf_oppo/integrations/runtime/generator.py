@@ -169,7 +169,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         report, self.report = self.report or self._adapt(mean_reward), None
         self.last_mean_reward = mean_reward
         metrics = self.meter.metrics(report, self.step, self.scorers.restarts_this_step,
-                                     self.engines.aborted_this_step)
+                                     self.engines.aborted_this_step, self.engines.take_paused_s())
         self._finalize(batch, report)
         self.step += 1
         self.meter.show(report, mean_reward, [s.num_tokens for g in batch.groups for s in g.samples])

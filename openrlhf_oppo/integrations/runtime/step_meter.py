@@ -97,8 +97,9 @@ class StepMeter:
     # ------------------------------------------------------------------ read at the step's end
 
     def metrics(self, report: StepReport, policy_version: int, scorer_restarts: int,
-                aborted_requests: int) -> dict[str, float]:
-        """The step's `oppo/*` metrics; rolls the per-step scorer-actor figures over."""
+                aborted_requests: int, engines_paused_s: float = 0.0) -> dict[str, float]:
+        """The step's `oppo/*` metrics; rolls the per-step scorer-actor figures over. `engines_paused_s`:
+        seconds the engines sat paused for weight syncs that ended since the last step's metrics."""
         before, at_end = self.overlap_tokens
         metrics = {
             **report.metrics(),
@@ -108,6 +109,7 @@ class StepMeter:
             "oppo/scorer_restarts": float(scorer_restarts),
             "oppo/aborted_requests": float(aborted_requests),
             "oppo/reprefilled_tokens": float(self.reprefilled_tokens),
+            "oppo/engines_paused_s": float(engines_paused_s),
         }
         if self.scorers:
             metrics.update(self._scorer_metrics(self.started_s, self.gen_s))

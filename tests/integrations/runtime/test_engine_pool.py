@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -130,8 +132,10 @@ def test_a_background_sync_resumes_the_engines_only_once_they_loaded_the_weights
     pool.resume_when_loaded([pool.calls.gate], policy_version=3, reset_prefix_cache=True)  # returns at once
     assert pool.landing.is_alive() and pool.paused
     assert all(e.set_policy_version.calls == [] and e.resume_generation.calls == [] for e in pool.engines)
+    time.sleep(0.2)  # the engines' load
     pool.calls.opened.set()
     pool.join_landing()
+    assert pool.take_paused_s() >= 0.2 and pool.take_paused_s() == 0.0  # paused until the loads landed
     for e in pool.engines:  # the prefix cache was reset before decoding resumed, with the new version
         assert e.reset_prefix_cache.calls == [()] and e.set_policy_version.calls == [(3,)]
         assert e.resume_generation.calls == [()]

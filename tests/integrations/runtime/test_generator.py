@@ -87,6 +87,9 @@ class FakePool:
     def resume(self, policy_version: int) -> None:
         self.version, self.paused = policy_version, False
 
+    def take_paused_s(self) -> float:
+        return 0.0
+
     def resume_when_loaded(self, loads: list, policy_version: int, reset_prefix_cache: bool) -> None:
         self.calls.append(("resume_when_loaded", loads, policy_version, reset_prefix_cache))
 

@@ -86,11 +86,12 @@ def test_evictions_and_reprefilled_tokens_are_reported_per_step_across_a_restart
 def test_metrics_carry_the_schedulers_report_and_the_steps_counts_in_order():
     meter = make_meter(scorers=0, generated=50)
     meter.reprefilled_tokens = 7
-    metrics = meter.metrics(report(), policy_version=3, scorer_restarts=1, aborted_requests=2)
+    metrics = meter.metrics(report(), policy_version=3, scorer_restarts=1, aborted_requests=2, engines_paused_s=0.5)
     assert list(metrics)[: len(report().metrics())] == list(report().metrics())
     assert {k: v for k, v in metrics.items() if k not in report().metrics()} == {
         "oppo/generated_tokens": 50.0, "oppo/policy_version": 3.0, "oppo/overlap_fraction": 0.0,
         "oppo/scorer_restarts": 1.0, "oppo/aborted_requests": 2.0, "oppo/reprefilled_tokens": 7.0,
+        "oppo/engines_paused_s": 0.5,
     }  # no scorer_* values without streamed rewards
     meter.start_step()
     assert meter.metrics(report(), 4, 0, 0)["oppo/reprefilled_tokens"] == 0.0  # counted per step
