@@ -89,6 +89,8 @@ def test_a_background_sync_lands_every_version_before_the_engines_decode_on(trai
     landings = timeline.stage_spans(rows, "sync", "landing")
     syncs = timeline.stage_spans(rows, "driver", "weight_sync")
     assert len(landings) == len(syncs) == 4
+    paused = [m["oppo/engines_paused_s"] for m in _lines(run.root / "oppo_metrics.jsonl")]
+    assert len(paused) == 4 and sum(paused[1:]) > 0  # a sync's pause ends when its loads land: the next step's
     for sync, landing in zip(sorted(syncs, key=lambda r: r["t0"]), sorted(landings, key=lambda r: r["t0"])):
         assert sync["t0"] <= landing["t0"] <= sync["t1"] + 1.0  # started as the trainer was released
     last = probes[-1]
