@@ -51,16 +51,27 @@ def unpack_tensor(item) -> tuple[str, Any]:
 
 def broadcast_to_vllm(self) -> None:
     """Replacement for `ActorPPOTrainer.broadcast_to_vllm` (OpenRLHF 0.11.2)."""
+    send_weights(self, gathered_weights(self))
+
+
+def gathered_weights(trainer):
+    """(name, whole tensor) of each parameter OpenRLHF 0.11.2's `broadcast_to_vllm` syncs, on every
+    rank of `trainer` (an `ActorPPOTrainer`), each valid only until the next is asked for: gathering
+    is a collective every rank joins (ZeRO-3; `GatherReplacedLayerParams` with
+    --ds.tensor_parallel_size > 1), and a VLM's frozen vision encoder is not synced."""
     import deepspeed
 
-    zero3 = self.strategy.args.ds.zero_stage == 3
-
-    def gathered():
-        for name, param in self.actor.model.module.named_parameters():
-            with deepspeed.zero.GatheredParameters([param], enabled=zero3):
-                yield name, param.data
-
-    send_weights(self, gathered())
+    ds, model = trainer.strategy.args.ds, trainer.actor.model.module
+    vlm = getattr(trainer.actor, "is_vlm", False)
+    for name, param in model.named_parameters():
+        if vlm and not param.requires_grad:
+            continue
+        if ds.tensor_parallel_size > 1:
+            gathered = deepspeed.module_inject.layers.GatherReplacedLayerParams([param], model, enabled=True)
+        else:
+            gathered = deepspeed.zero.GatheredParameters([param], enabled=ds.zero_stage == 3)
+        with gathered:
+            yield name, param.data
 
 
 def send_weights(owner, named) -> None:

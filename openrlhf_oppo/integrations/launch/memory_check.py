@@ -89,8 +89,9 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
     def gpus(group: str) -> int:
         return max(1, v[f"{group}.num_nodes"] * v[f"{group}.num_gpus_per_node"])
 
+    dtype_bytes = DTYPE_BYTES.get(v["ds.param_dtype"], 4)
+
     def streamed(name: str, model_cfg, params: int, group: str) -> list[tuple[str, float, str]]:
-        dtype_bytes = DTYPE_BYTES.get(v["ds.param_dtype"], 4)
         per_token = footprint.kv_bytes_per_token(model_cfg, dtype_bytes)
         here = math.ceil(gpus(group) / gpus("actor"))  # streaming actors of this group on one GPU
         budget = cfg.streaming.kv_budget_tokens
@@ -118,7 +119,7 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
         items += trained("actor", actor, gpus("actor"))
         if cfg is not None and cfg.staleness.background_sync:  # on the actor's first GPU: counted on each
             items.append(("background sync buffer (--oppo.staleness.background_sync: the actor's weights)",
-                          DTYPE_BYTES.get(v["ds.param_dtype"], 4) * actor, ALWAYS))
+                          dtype_bytes * actor, ALWAYS))
         if v["algo.kl.init_coef"] > 0:
             items += (streamed("reference", actor_cfg, actor, "ref") if streams_reference(cfg) else
                       [("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS)])

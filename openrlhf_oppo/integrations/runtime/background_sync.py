@@ -111,27 +111,17 @@ def start_sync(trainer) -> list:
     """The actor side of a background sync on `trainer` (OpenRLHF's `ActorPPOTrainer` on this rank):
     gather every parameter to sync into rank 0's buffer and start sending it; rank 0 returns the
     engines' load calls, the other ranks []."""
-    import deepspeed
+    from openrlhf_oppo.compat.weight_sync import gathered_weights
 
-    args = trainer.strategy.args
     previous = getattr(trainer, "_oppo_send_thread", None)
     if previous is not None:  # the driver waited for its loads; the sender's last calls return with them
         previous.join()
         trainer._oppo_send_thread = None
     rank0 = torch.distributed.get_rank() == 0
     sender = (NcclSender if torch.cuda.is_available() else CpuSender)(trainer) if rank0 else None
-    model = trainer.actor.model.module
-    vlm = getattr(trainer.actor, "is_vlm", False)
-    for name, param in model.named_parameters():
-        if vlm and not param.requires_grad:  # as OpenRLHF: a VLM's frozen vision encoder is not synced
-            continue
-        if args.ds.tensor_parallel_size > 1:
-            gathered = deepspeed.module_inject.layers.GatherReplacedLayerParams([param], model, enabled=True)
-        else:
-            gathered = deepspeed.zero.GatheredParameters([param], enabled=args.ds.zero_stage == 3)
-        with gathered:
-            if rank0:
-                sender.add(name, param.data)
+    for name, tensor in gathered_weights(trainer):
+        if rank0:
+            sender.add(name, tensor)  # a copy: the gathered tensor is released with the next
     loads = []
     if rank0:
         loads, trainer._oppo_send_thread = sender.start()

@@ -5,6 +5,7 @@ injection."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -158,14 +159,14 @@ class EnginePool:
 
     def resume(self, policy_version: int) -> None:
         """Tokens from here on are `policy_version`'s; decoding resumes if it was paused."""
+        with timeline.RECORDER.timed("driver", "resume") if self.paused else contextlib.nullcontext():
+            self._resume(policy_version)
+
+    def _resume(self, policy_version: int) -> None:
         self.calls.get([e.set_policy_version.remote(policy_version) for e in self.engines])
         if self.paused:
-            with timeline.RECORDER.timed("driver", "resume"):
-                self._unpause()
-
-    def _unpause(self) -> None:
-        self.calls.get([e.resume_generation.remote() for e in self.engines])  # OpenRLHF's `RolloutRayActor`'s
-        self.paused, self.paused_s = False, self.paused_s + time.time() - self.paused_at
+            self.calls.get([e.resume_generation.remote() for e in self.engines])  # OpenRLHF's `RolloutRayActor`'s
+            self.paused, self.paused_s = False, self.paused_s + time.time() - self.paused_at
 
     def take_paused_s(self) -> float:
         """Seconds the engines sat paused for weight syncs that ended since the last call (a background
@@ -185,8 +186,7 @@ class EnginePool:
                     self.calls.get(loads)
                     if reset_prefix_cache:
                         self.calls.get([e.reset_prefix_cache.remote() for e in self.engines])
-                    self.calls.get([e.set_policy_version.remote(policy_version) for e in self.engines])
-                    self._unpause()
+                    self._resume(policy_version)
             except BaseException as exc:  # raised in the caller's thread by the next poll or pause
                 self.landing_error = exc
 
