@@ -165,9 +165,9 @@ def build(cfg: SimConfig) -> CostModel:
 
 def _layout(cfg: SimConfig) -> dict:
     s, e = cfg.split, cfg.efficiency
-    engines = s.nodes * s.generate_gpus // s.tensor_parallel
-    scorers = 0 if s.reward_with_train else s.nodes * (s.score_gpus // s.score_tensor_parallel if s.score_gpus
-                                                       else engines)
+    engines = s.engines
+    scorers = 0 if s.reward_with_train else (s.pattern_nodes * s.score_gpus // s.score_tensor_parallel
+                                             if s.score_gpus else engines)
     sleep = memory.sleep_transfer_s(cfg) if cfg.hardware is not None and cfg.actor is not None else 0.0
     return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0, sleep_transfer_s=sleep,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
@@ -195,9 +195,10 @@ def _roofline(cfg: SimConfig) -> CostModel:
     critic = cfg.critic or reward
     tp, stp = s.tensor_parallel, s.score_tensor_parallel
     bw = hw.hbm_bytes_per_s * e.decode_bandwidth
-    train_flops = s.nodes * (s.train_gpus + s.critic_gpus) * hw.peak_bf16_flops  # pooled; split by `_groups`
+    train_flops = s.pattern_nodes * (s.train_gpus + s.critic_gpus) * hw.peak_bf16_flops  # pooled; split by `_groups`
     link = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s
-    gather = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node  # per device
+    # a ZeRO-3 gather, per device: over the nodes the DeepSpeed models span
+    gather = hw.nvlink_bytes_per_s if s.pattern_nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node
     gather_call_s = e.forward_overhead_s + actor.weight_bytes / (gather * e.link_efficiency)  # a call + a ZeRO-3 gather
     return CostModel(
         stream_call_s=gather_call_s,
@@ -240,8 +241,9 @@ def reference_actors(cfg: SimConfig, costs: CostModel) -> CostModel:
     engine (a prefill pauses it). The log-softmax over the vocabulary is left out (the LM head's
     matmul is in 2 N)."""
     s, e = cfg.split, cfg.efficiency
-    return replace(costs, scorers=s.nodes * s.reference_gpus or costs.engines, scorer_on_engines=not s.reference_gpus,
-                   prefill_call_s=e.forward_overhead_s, prefill_per_chunk_s=e.chunk_overhead_s,
+    return replace(costs, scorers=s.pattern_nodes * s.reference_gpus or costs.engines,
+                   scorer_on_engines=not s.reference_gpus, prefill_call_s=e.forward_overhead_s,
+                   prefill_per_chunk_s=e.chunk_overhead_s,
                    **_prefill_terms(cfg, cfg.actor, 1))
 
 

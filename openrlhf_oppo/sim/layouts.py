@@ -137,8 +137,8 @@ def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
 
 
 def describe(split: Split, ref_actors: bool = False) -> str:
-    """A layout in a few words: the devices of one node (`ref_actors`: where the streaming reference
-    actors sit)."""
+    """A layout in a few words: the devices of one node, or the engine nodes and the pattern of the
+    others (`ref_actors`: where the streaming reference actors sit)."""
     ref = (f" / {split.reference_gpus} ref" if split.reference_gpus else " + ref by vLLM") if ref_actors else ""
     if split.colocate:
         rm = f" + {split.score_gpus} reward" if split.score_gpus else ("" if split.reward_with_train else ", scorers")
@@ -148,6 +148,9 @@ def describe(split: Split, ref_actors: bool = False) -> str:
              else f"{split.train_gpus} train")
     rm = f"{split.score_gpus} reward" if split.score_gpus else "reward with " + ("critic" if split.critic_gpus
                                                                                else "train")
+    if split.engine_nodes:
+        return (f"{split.engine_nodes} vLLM node{'s' if split.engine_nodes > 1 else ''} + {split.pattern_nodes} x "
+                f"({train} / {rm}{ref}) (TP {split.tensor_parallel})")
     return f"{split.generate_gpus} vLLM / {train} / {rm}{ref} (TP {split.tensor_parallel})"
 
 
@@ -160,9 +163,10 @@ def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
 
 
 def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
-    """Splits of `cfg`'s nodes (one pattern a node): colocated with and without sleep (OpenRLHF's
-    reward model among the DeepSpeed models, or OPPO's streaming actors beside the engines), and every
-    split of a node's devices into vLLM (a multiple of TP), reward (none, one or two devices; a
+    """Splits of `cfg`'s nodes (one pattern a node, or whole nodes of vLLM and one pattern on the
+    rest): colocated with and without sleep (OpenRLHF's reward model among the DeepSpeed models, or
+    OPPO's streaming actors beside the engines), and every split of a node's devices into vLLM (a
+    multiple of TP; none on the pattern's nodes beside engine nodes), reward (none, one or two devices; a
     streaming reward actor holds the whole model) and DeepSpeed devices, the critic's apart (about
     half of them) or not; with `ref_actors`, split layouts also with one device a node for streaming
     reference actors (else they sit beside the engines). `rule` and the memory check then say who
@@ -171,12 +175,14 @@ def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
     out = []
     for tp in _tp_choices(cfg, cfg.actor.weight_bytes):
         base = dataclasses.replace(s, tensor_parallel=tp, score_tensor_parallel=1, reward_with_train=False,
-                                   critic_gpus=0, reference_gpus=0)
+                                   critic_gpus=0, reference_gpus=0, engine_nodes=0)
         if g % tp == 0:  # OpenRLHF's reward model among the DeepSpeed models, or OPPO's scorers beside the engines
             coloc = dataclasses.replace(base, colocate=True, generate_gpus=g, train_gpus=g, score_gpus=0)
             out += [dataclasses.replace(coloc, sleep=sleep, reward_with_train=True) for sleep in (False, True)]
             out += [dataclasses.replace(coloc, sleep=sleep) for sleep in (False, True)]
-        for gen, ref in ((gen, ref) for gen in range(tp, g, tp) for ref in ((0, 1) if ref_actors else (0,))):
+        # vLLM on some devices of every node, or on whole nodes of its own (the pattern then has none)
+        engine_nodes = [(0, gen) for gen in range(tp, g, tp)] + [(n, 0) for n in range(1, s.nodes) if g % tp == 0]
+        for (nodes, gen), ref in ((e, ref) for e in engine_nodes for ref in ((0, 1) if ref_actors else (0,))):
             for score in (0, 1, 2):
                 rest = g - gen - score - ref
                 critics = sorted({0, *(c for c in (rest // 2, rest - rest // 2) if 1 <= c < rest)}
@@ -186,7 +192,7 @@ def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
                         out.append(dataclasses.replace(base, colocate=False, sleep=False, generate_gpus=gen,
                                                        train_gpus=rest - critic, critic_gpus=critic,
                                                        score_gpus=score, reward_with_train=score == 0,
-                                                       reference_gpus=ref))
+                                                       reference_gpus=ref, engine_nodes=nodes))
     return out
 
 

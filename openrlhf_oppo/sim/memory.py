@@ -94,7 +94,7 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     reward = cfg.reward or actor
     critic = cfg.critic or reward
     apart = s.critic_gpus > 0
-    n = s.nodes * (s.critic_gpus if group == "critic" else s.train_gpus)
+    n = s.pattern_nodes * (s.critic_gpus if group == "critic" else s.train_gpus)
     items = []
     if group == "actor":
         items.append(("actor ZeRO-3 states", zero3_bytes(actor.params, True, n)))
@@ -128,13 +128,13 @@ def scorer_items(cfg: SimConfig, streams: bool) -> list[tuple[str, float]]:
     if streams:
         working = 2 * STREAM_MAX_BATCH_TOKENS * reward.kv_bytes_per_token
         return [("streaming reward actor", reward.weight_bytes), ("its forward", working)]
-    return [("reward model", zero3_bytes(reward.params, False, s.nodes * max(1, s.score_gpus)))]
+    return [("reward model", zero3_bytes(reward.params, False, s.pattern_nodes * max(1, s.score_gpus)))]
 
 
 def reference_actor_count(cfg: SimConfig) -> int:
     """Streaming reference actors: one a `split.reference_gpus` device, or one beside each engine."""
     s = cfg.split
-    return s.nodes * s.reference_gpus or s.nodes * s.generate_gpus // s.tensor_parallel
+    return s.pattern_nodes * s.reference_gpus or s.engines
 
 
 def reference_kv_budget_tokens(cfg: SimConfig) -> int:

@@ -50,7 +50,7 @@ def offload_s(cfg: SimConfig) -> dict[str, float]:
         return {}
     actor = cfg.actor.params
     critic = (cfg.critic or cfg.reward or cfg.actor).params if w.critic else 0
-    devices = cfg.split.nodes * cfg.split.train_gpus
+    devices = cfg.split.pattern_nodes * cfg.split.train_gpus
     pcie = cfg.hardware.pcie_bytes_per_s * cfg.efficiency.link_efficiency
 
     def there_and_back(params: int, bytes_per_param: int) -> float:

@@ -94,7 +94,7 @@ def simulate(cfg: presets.SimConfig) -> Row:
     w, s = cfg.workload, cfg.split
     runs = [drivers.simulate(cfg, costs, SCHEDULE, w.seed + k) for k in range(w.seeds)]
     step_s = statistics.median(drivers.summarize(r, w.warmup_steps)["mean_step_s"] for r in runs)
-    gpus = s.nodes * s.devices_used
+    gpus = s.devices
     ln = cfg.lengths
     lengths = f"{ln.prompt_tokens}+{ln.mean_tokens:g}/{ln.cap_tokens}" if ln.kind == "lognormal" else ln.kind
     return Row(cfg.name, f"{gpus} x {cfg.hardware.name}", lengths, step_s, cfg.published.step_s,

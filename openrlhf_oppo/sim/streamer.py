@@ -123,7 +123,7 @@ class ExperienceAhead(TrainStreamer):
         self.stages = stages
         self.call_s = world.costs.ahead_call_s * len(stages)
         split = world.cfg.split
-        self.unit = world.cfg.workload.micro_batch_size * split.train_gpus * split.nodes
+        self.unit = world.cfg.workload.micro_batch_size * split.train_gpus * split.pattern_nodes
         self.pending: list[tuple] = []  # committed samples short of a round
         self.forwarded: set[int] = set()  # samples in a call begun (make_experience waits for its end)
 

@@ -175,3 +175,40 @@ def test_a_critic_on_devices_of_its_own_runs_beside_the_actor_at_its_share_of_th
         assert a0 == v0 and (v1 - v0) / (a1 - a0) == pytest.approx(1.5)  # the same 7B forward on 2 devices, not 3
     for (a0, a1), (b0, b1) in zip(spans[("actor", "train")], spans[("critic", "train")]):
         assert a0 == b0 and (a1 - a0) / (b1 - b0) == pytest.approx(2 / 3)
+
+
+def test_engine_nodes_hold_only_engines_and_the_pattern_repeats_on_the_others():
+    # 4 nodes: one of vLLM only (4 engines of TP 2), three of 6 DeepSpeed + 2 reward devices, no engines
+    cfg = presets.load_preset("paper-7b-h200", ["split.nodes=4", "split.engine_nodes=1", "split.colocate=false",
+                                                "split.generate_gpus=0", "split.tensor_parallel=2",
+                                                "split.train_gpus=6", "split.score_gpus=2", *SHORT])
+    s = cfg.split
+    assert (s.pattern_nodes, s.engines, s.devices) == (3, 4, 8 + 3 * 8)
+    c = cost_model.build(cfg)
+    assert (c.engines, c.scorers) == (4, 6)
+    assert memory.training_items(cfg)[0] == ("actor ZeRO-3 states", pytest.approx(16 * cfg.actor.params / 18))
+    one_pattern = cost_model.build(_split(cfg, nodes=3, engine_nodes=0, generate_gpus=2, train_gpus=4))
+    assert c.train_per_token_s == pytest.approx(one_pattern.train_per_token_s * 12 / 18)  # 18 training devices, not 12
+    assert "1 vLLM node + 3 x (6 train / 2 reward) (TP 2)" == layouts.describe(s)
+
+
+@pytest.mark.parametrize("edit, key", [
+    (["split.nodes=2", "split.engine_nodes=2", "split.colocate=false"], "split.engine_nodes"),
+    (["split.nodes=2", "split.engine_nodes=1"], "split.engine_nodes"),  # colocated
+    (["split.nodes=2", "split.engine_nodes=1", "split.colocate=false", "split.generate_gpus=0",
+      "split.tensor_parallel=3"], "split.tensor_parallel"),
+    (["split.generate_gpus=0", "split.colocate=false"], "split.generate_gpus"),
+])
+def test_engine_nodes_that_cannot_be_placed_are_refused_by_name(edit, key):
+    with pytest.raises(ValueError, match=key):
+        presets.load_preset("paper-7b-h200", edit)
+
+
+def test_the_search_places_vllm_on_nodes_of_its_own_as_openrlhf_does_across_nodes():
+    one = presets.load_preset("paper-7b-h200", SHORT)
+    assert not any(s.engine_nodes for s in layouts.candidates(one))  # one node: nothing to give vLLM whole
+    cfg = presets.load_preset("paper-7b-h200", ["split.nodes=4", *SHORT])
+    whole = [s for s in layouts.candidates(cfg) if s.engine_nodes]
+    assert {s.engine_nodes for s in whole} == {1, 2, 3} and all(s.generate_gpus == 0 for s in whole)
+    assert all(layouts.rule("async", s) is None for s in whole if s.reward_with_train and not s.critic_gpus)
+    assert all(layouts.rule("sync", s) for s in whole if not s.critic_gpus)  # the critic beside the actor

@@ -127,6 +127,11 @@ class Split:
                                 "(`streaming.reference_actors`), each holding the whole reference model; 0: one "
                                 "beside each engine (a prefill pauses its engine). Only a schedule that streams "
                                 "into them can use devices of their own.")
+    engine_nodes: int = _f(0, "Nodes of rollout engines only, every device an engine's (TP within the node), "
+                              "apart from the pattern above, which repeats on the other nodes (its generate_gpus "
+                              "may then be 0): OpenRLHF's multi-node layout with vLLM on nodes of its own "
+                              "(--vllm.num_engines x --vllm.tensor_parallel_size on them, --actor.num_nodes the "
+                              "rest). Split layouts only.")
 
     @property
     def devices_used(self) -> int:
@@ -134,6 +139,23 @@ class Split:
         unless they share vLLM's."""
         return (self.generate_gpus + self.score_gpus + self.reference_gpus
                 + (0 if self.colocate else self.train_gpus + self.critic_gpus))
+
+    @property
+    def pattern_nodes(self) -> int:
+        """Nodes the per-node pattern repeats on (all but `engine_nodes`): where the DeepSpeed models,
+        reward devices and reference devices are."""
+        return self.nodes - self.engine_nodes
+
+    @property
+    def engines(self) -> int:
+        """Rollout engines: those of the engine nodes and of the pattern's generate devices."""
+        per_node = self.gpus_per_node // self.tensor_parallel, self.generate_gpus // self.tensor_parallel
+        return self.engine_nodes * per_node[0] + self.pattern_nodes * per_node[1]
+
+    @property
+    def devices(self) -> int:
+        """Devices the layout uses over all nodes."""
+        return self.engine_nodes * self.gpus_per_node + self.pattern_nodes * self.devices_used
 
 
 @dataclass(frozen=True)
@@ -357,8 +379,15 @@ def validate(cfg: SimConfig) -> None:
              "one of lognormal, quantiles, empirical, replay", lengths.kind)
     _require(lengths.cap_tokens >= lengths.min_tokens >= 1, "lengths.cap_tokens", ">= lengths.min_tokens >= 1",
              lengths.cap_tokens)
-    _require(s.nodes >= 1 and s.generate_gpus >= 1 and s.train_gpus >= 1, "split",
-             "nodes, generate_gpus and train_gpus >= 1", (s.nodes, s.generate_gpus, s.train_gpus))
+    _require(s.nodes >= 1 and s.train_gpus >= 1, "split", "nodes and train_gpus >= 1", (s.nodes, s.train_gpus))
+    _require(0 <= s.engine_nodes < s.nodes, "split.engine_nodes", f"0 to split.nodes - 1 ({s.nodes - 1}): the "
+             "DeepSpeed models need a node", s.engine_nodes)
+    _require(s.generate_gpus >= (0 if s.engine_nodes else 1), "split.generate_gpus",
+             ">= 1 (0 only with split.engine_nodes)", s.generate_gpus)
+    _require(not (s.engine_nodes and s.colocate), "split.engine_nodes", "0 when split.colocate (every device "
+             "is shared)", s.engine_nodes)
+    _require(not s.engine_nodes or s.gpus_per_node % s.tensor_parallel == 0, "split.tensor_parallel",
+             f"a divisor of split.gpus_per_node ({s.gpus_per_node}) with split.engine_nodes", s.tensor_parallel)
     _require(s.generate_gpus % s.tensor_parallel == 0, "split.tensor_parallel",
              f"a divisor of split.generate_gpus ({s.generate_gpus})", s.tensor_parallel)
     _require(s.colocate or not s.sleep, "split.sleep", "false unless split.colocate (vLLM sleeps only where "
