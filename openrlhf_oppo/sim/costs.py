@@ -196,10 +196,13 @@ def _roofline(cfg: SimConfig) -> CostModel:
     tp, stp = s.tensor_parallel, s.score_tensor_parallel
     bw = hw.hbm_bytes_per_s * e.decode_bandwidth
     train_flops = s.pattern_nodes * (s.train_gpus + s.critic_gpus) * hw.peak_bf16_flops  # pooled; split by `_groups`
-    link = hw.nvlink_bytes_per_s if s.nodes == 1 else hw.network_bytes_per_s
-    # a ZeRO-3 gather, per device: over the nodes the DeepSpeed models span
+    # per device (a node's network is its devices' NICs): a ZeRO-3 gather over the nodes the DeepSpeed
+    # models span; the sync's broadcast from the actor's first rank to the engines on other nodes (colocated:
+    # each rank hands the gathered weights to the engine on its own device, CUDA IPC)
     gather = hw.nvlink_bytes_per_s if s.pattern_nodes == 1 else hw.network_bytes_per_s / s.gpus_per_node
-    gather_call_s = e.forward_overhead_s + actor.weight_bytes / (gather * e.link_efficiency)  # a call + a ZeRO-3 gather
+    link = hw.nvlink_bytes_per_s if s.nodes == 1 or s.colocate else hw.network_bytes_per_s / s.gpus_per_node
+    gather_s = actor.weight_bytes / (gather * e.link_efficiency)
+    gather_call_s = e.forward_overhead_s + gather_s  # a call + a ZeRO-3 gather
     return CostModel(
         stream_call_s=gather_call_s,
         ahead_call_s=e.forward_overhead_s,
@@ -214,7 +217,8 @@ def _roofline(cfg: SimConfig) -> CostModel:
         critic_forward_per_token_s=2 * critic.params / (train_flops * e.forward_mfu),
         reward_forward_per_token_s=2 * reward.params / (train_flops * e.forward_mfu),
         train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
-        weight_sync_s=e.weight_sync_base_s + actor.weight_bytes / (link * e.link_efficiency),
+        # OpenRLHF's sync gathers each parameter (ZeRO-3), then broadcasts it: the two in turn
+        weight_sync_s=e.weight_sync_base_s + gather_s + actor.weight_bytes / (link * e.link_efficiency),
         sync_gather_s=gather_call_s,
         seqs_per_engine=_seqs_per_engine(cfg, actor, tp),
         **_groups(cfg, actor.params, critic.params),

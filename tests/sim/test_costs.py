@@ -64,8 +64,27 @@ def test_roofline_of_the_7b_h200_preset():
     assert c.decode_weights_read_s == pytest.approx(2 * 7_615_283_200 / bw)
     assert c.decode_kv_read_per_token_s == pytest.approx(57_344 / bw)
     assert c.train_per_token_s == pytest.approx(6 * 2 * 7_615_283_200 / (7 * 989e12 * 0.35))
-    assert c.weight_sync_s == pytest.approx(0.5 + 2 * 7_615_283_200 / (450e9 * 0.7))
+    # the ZeRO-3 gather, then the broadcast to the engines, both over NVLink (one node)
+    assert c.weight_sync_s == pytest.approx(0.5 + 2 * 2 * 7_615_283_200 / (450e9 * 0.7))
     assert (c.engines, c.scorers) == (7, 1)
+
+
+def test_across_nodes_a_sync_gathers_and_broadcasts_through_one_devices_network():
+    # 8 nodes of H200 (400 GB/s a node: 50 GB/s a device), vLLM on one node of its own, Qwen2.5-72B
+    cfg = load_preset("paper-7b-h200", ["split.nodes=8", "split.engine_nodes=1", "split.colocate=false",
+                                        "split.generate_gpus=0", "split.tensor_parallel=2", "split.train_gpus=8",
+                                        "split.score_gpus=0", "split.reward_with_train=true", "actor=qwen2.5-72b",
+                                        "critic=qwen2.5-72b", "reward=qwen2.5-72b"])
+    c = costs.build(cfg)
+    one_way = cfg.actor.weight_bytes / (50e9 * 0.7)  # 145 GB through one device's 50 GB/s: about 4.2 s
+    assert c.weight_sync_s == pytest.approx(0.5 + 2 * one_way)
+    assert c.sync_gather_s == pytest.approx(0.03 + one_way)  # the background sync's wait: the gather alone
+    colocated = costs.build(load_preset("paper-7b-h200", [
+        "split.nodes=8", "split.generate_gpus=8", "split.train_gpus=8", "split.score_gpus=0",
+        "split.reward_with_train=true", "split.tensor_parallel=4", "actor=qwen2.5-72b", "critic=qwen2.5-72b",
+        "reward=qwen2.5-72b"]))
+    local = cfg.actor.weight_bytes / (450e9 * 0.7)  # each rank to the engine on its own device
+    assert colocated.weight_sync_s == pytest.approx(0.5 + one_way + local)
 
 
 def test_a_phase_beside_decoding_is_slowed_for_the_share_of_it_that_decoding_covers():
