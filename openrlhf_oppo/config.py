@@ -24,6 +24,7 @@ from openrlhf_oppo.settings import setting as _f
 FLAG_PREFIX = "oppo"
 DELTA_RULES = ("system", "eq4", "alg1")
 CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
+SYNC_BUFFERS = ("device", "host")  # staleness.background_sync_buffer
 # staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
 # beyond the seed spread (docs/convergence.md); TIS, OpenRLHF's token-level clip, is the conservative pick
 AUTO_CORRECTION = "tis"
@@ -142,6 +143,15 @@ class StalenessConfig:
         "copy of them on that GPU); the broadcast to the engines, which stay paused until they have "
         "loaded it, runs beside the next step's experience making, and the next sync waits for it.",
     )
+    background_sync_buffer: str = _f(
+        "device",
+        "Where the background sync keeps the weights it sends (GPU runs; a CPU run packs them in host memory "
+        "either way): 'device' (a whole copy of the actor's weights on its first GPU: the trainer waits for "
+        "the gather only) or 'host' (pinned host memory on that node, the GPU holding one parameter at a "
+        "time as it is sent: for models whose copy does not fit beside the ZeRO-3 states; the trainer also "
+        "waits for the copies to host, which overlap the gather).",
+        choices=SYNC_BUFFERS,
+    )
     keep_kv_cache: bool = _f(
         True,
         "Carried requests keep their vLLM KV cache across a weight sync (pause with clear_cache=False): "
@@ -159,6 +169,8 @@ class StalenessConfig:
                  "an integer >= 0", self.max_policy_lag)
         _require(self.correction in CORRECTIONS, "staleness.correction",
                  "one of " + ", ".join(map(repr, CORRECTIONS)), self.correction)
+        _require(self.background_sync_buffer in SYNC_BUFFERS, "staleness.background_sync_buffer",
+                 "one of " + ", ".join(map(repr, SYNC_BUFFERS)), self.background_sync_buffer)
 
     @property
     def resolved_correction(self) -> str:

@@ -26,6 +26,11 @@ def decoder_params(layers: int, hidden: int, heads: int, kv_heads: int, intermed
     return layers * (attn + mlp) + vocab * hidden * (2 if lm_head else 1)
 
 
+def largest_param(hidden: int, intermediate: int, vocab: int) -> int:
+    """Elements of a decoder's largest parameter: the embedding (or LM head), or an MLP matrix."""
+    return hidden * max(vocab, intermediate)
+
+
 def params_of_config(config, lm_head: bool = True) -> int:
     """`decoder_params` of a transformers config (its text config for a multimodal one); a tied
     config never counts an LM head."""

@@ -203,6 +203,9 @@ def _roofline(cfg: SimConfig) -> CostModel:
     link = hw.nvlink_bytes_per_s if s.nodes == 1 or s.colocate else hw.network_bytes_per_s / s.gpus_per_node
     gather_s = actor.weight_bytes / (gather * e.link_efficiency)
     gather_call_s = e.forward_overhead_s + gather_s  # a call + a ZeRO-3 gather
+    # a background sync into host memory: each gathered parameter copied to the host beside the next gather
+    host_buffer = cfg.oppo.staleness.background_sync_buffer == "host"
+    host_copy_s = actor.weight_bytes / (hw.pcie_bytes_per_s * e.link_efficiency)
     return CostModel(
         stream_call_s=gather_call_s,
         ahead_call_s=e.forward_overhead_s,
@@ -219,7 +222,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
         train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
         # OpenRLHF's sync gathers each parameter (ZeRO-3), then broadcasts it: the two in turn
         weight_sync_s=e.weight_sync_base_s + gather_s + actor.weight_bytes / (link * e.link_efficiency),
-        sync_gather_s=gather_call_s,
+        sync_gather_s=(e.forward_overhead_s + max(gather_s, host_copy_s)) if host_buffer else gather_call_s,
         seqs_per_engine=_seqs_per_engine(cfg, actor, tp),
         **_groups(cfg, actor.params, critic.params),
         **_layout(cfg),

@@ -45,6 +45,8 @@ from openrlhf_oppo.footprint import (  # one formula each, shared with the launc
     LIVE_PARAMETERS,
     RESERVE_BYTES,
     STREAM_MAX_BATCH_TOKENS,
+    WEIGHT_BYTES_PER_PARAM,
+    largest_param,
     zero3_bytes,
 )
 from openrlhf_oppo.sim.presets import ModelShape, SimConfig
@@ -89,7 +91,8 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     with `split.reward_with_train`, the reward model). `ref_actors`: streaming reference actors hold
     the reference, the training devices do not. `sync_buffer` (`staleness.background_sync`): the
     actor's first rank holds a whole copy of its weights while they are broadcast (charged to every
-    device: the one that holds it must fit)."""
+    device: the one that holds it must fit), or with `staleness.background_sync_buffer` host, in host
+    memory, one parameter at a time on the device."""
     s, w, actor = cfg.split, cfg.workload, cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
@@ -98,7 +101,10 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     items = []
     if group == "actor":
         items.append(("actor ZeRO-3 states", zero3_bytes(actor.params, True, n)))
-        if sync_buffer:
+        if sync_buffer and cfg.oppo.staleness.background_sync_buffer == "host":
+            largest = largest_param(actor.hidden, actor.intermediate, actor.vocab)
+            items.append(("weight-sync staging", WEIGHT_BYTES_PER_PARAM * largest))
+        elif sync_buffer:
             items.append(("weight-sync buffer", actor.weight_bytes))
         if w.reference and not ref_actors:
             items.append(("reference", zero3_bytes(actor.params, False, n)))

@@ -72,3 +72,14 @@ def test_the_buffer_is_a_whole_copy_of_the_actor_on_the_training_devices():
     items = dict(memory.training_items(cfg, sync_buffer=True))
     assert items["weight-sync buffer"] == cfg.actor.weight_bytes
     assert "weight-sync buffer" not in dict(memory.training_items(cfg))
+
+
+def test_a_host_buffer_stages_one_parameter_and_the_trainer_waits_for_the_copies_to_host():
+    cfg = load_preset("paper-7b-h200", [*SPLIT, BACKGROUND, "staleness.background_sync_buffer=host"])
+    items = dict(memory.training_items(cfg, sync_buffer=True))
+    assert "weight-sync buffer" not in items and items["weight-sync staging"] == 2 * 3584 * 152064  # the embedding
+    # one node: the gather over NVLink (15.2 GB / 315 GB/s = 0.05 s) hides under the copy to host over
+    # PCIe (15.2 GB / (64 GB/s x 0.7) = 0.34 s), after a 30 ms call
+    host, device = cost_model.build(cfg), cost_model.build(load_preset("paper-7b-h200", [*SPLIT, BACKGROUND]))
+    assert host.sync_gather_s == pytest.approx(0.03 + cfg.actor.weight_bytes / (64e9 * 0.7))
+    assert device.sync_gather_s == pytest.approx(0.03 + cfg.actor.weight_bytes / (450e9 * 0.7))

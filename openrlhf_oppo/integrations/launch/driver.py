@@ -244,6 +244,10 @@ def _check_background_sync(cfg: oppo_config.OppoConfig, argv: list[str]) -> None
     if _given("--train.colocate_all", argv) and not _given("--train.async_enable", argv):
         raise ValueError(f"{flag} with --train.colocate_all needs --train.async_enable: otherwise vLLM shares the "
                          f"training GPUs (weights sent by CUDA IPC, nothing beside the sync to overlap with)")
+    if cfg.staleness.background_sync_buffer == "host" and _given("--vllm.sync_with_ray", argv):
+        raise ValueError("--oppo.staleness.background_sync_buffer host cannot be combined with --vllm.sync_with_ray: "
+                         "each parameter is staged back to the GPU on a stream Ray's collective does not wait for; "
+                         "drop --vllm.sync_with_ray (OpenRLHF's own NCCL group) or use the device buffer")
 
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's job manager sets it in a submitted job's driver

@@ -15,7 +15,9 @@ optimizer states and gradients to the host while vLLM generates). Per GPU
                              + the batched forward's 2 x STREAM_MAX_BATCH_TOKENS of KV
     streaming reference actor likewise, the whole reference (--oppo.streaming.reference)
     background sync buffer   the actor's whole weights (--ds.param_dtype) on its first GPU
-                             (--oppo.staleness.background_sync)
+                             (--oppo.staleness.background_sync); with
+                             --oppo.staleness.background_sync_buffer host its largest parameter (the
+                             weights wait in host memory)
     ZeRO-3 live parameters (training and its forwards), reserve (CUDA contexts, NCCL, fragmentation)
 
 Activations are left out: this is a lower bound, so whatever it refuses cannot fit.
@@ -118,8 +120,14 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
         actor = footprint.params_of_config(actor_cfg)
         items += trained("actor", actor, gpus("actor"))
         if cfg is not None and cfg.staleness.background_sync:  # on the actor's first GPU: counted on each
-            items.append(("background sync buffer (--oppo.staleness.background_sync: the actor's weights)",
-                          dtype_bytes * actor, ALWAYS))
+            if cfg.staleness.background_sync_buffer == "host":
+                largest = footprint.largest_param(actor_cfg.hidden_size, actor_cfg.intermediate_size,
+                                                  actor_cfg.vocab_size)
+                items.append(("background sync staging (--oppo.staleness.background_sync_buffer host: the "
+                              "largest parameter)", dtype_bytes * largest, ALWAYS))
+            else:
+                items.append(("background sync buffer (--oppo.staleness.background_sync: the actor's weights)",
+                              dtype_bytes * actor, ALWAYS))
         if v["algo.kl.init_coef"] > 0:
             items += (streamed("reference", actor_cfg, actor, "ref") if streams_reference(cfg) else
                       [("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS)])

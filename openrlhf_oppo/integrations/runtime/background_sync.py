@@ -22,7 +22,9 @@ Transports of the buffer:
                     (`OppoRolloutActor`) runs vLLM's worker `update_weight` for each parameter in
                     order, while a thread on rank 0 broadcasts the buffered parameters on a CUDA
                     stream of its own. The buffer is a whole copy of the actor's weights on that
-                    GPU (the launcher's memory check charges it). CUDA IPC (vLLM on the training
+                    GPU (the launcher's memory check charges it), or with
+                    `--oppo.staleness.background_sync_buffer host` pinned host memory, staged back
+                    to the GPU a parameter at a time as it is sent. CUDA IPC (vLLM on the training
                     GPUs) is refused by the launcher: with nothing to overlap there is no gain.
 
 The driver swaps OpenRLHF's `PolicyModelActor` for this one (`trainer.patch_driver`), as it swaps
@@ -64,21 +66,29 @@ class CpuSender:
 
 
 class NcclSender:
-    """Rank 0's buffer on its GPU; `start` calls each engine's `receive_weights` and broadcasts the
-    buffer through OpenRLHF's weight-update group from a thread on a stream of its own."""
+    """Rank 0's buffer on its GPU, or (`host`) in pinned host memory; `start` calls each engine's
+    `receive_weights` and broadcasts the buffer through OpenRLHF's weight-update group from a thread
+    on a stream of its own (from host memory, each parameter copied back to the GPU just before it
+    is sent, so the GPU holds one at a time)."""
 
-    def __init__(self, owner) -> None:
-        self.owner, self.buffer = owner, []
+    def __init__(self, owner, host: bool = False) -> None:
+        self.owner, self.host, self.buffer = owner, host, []
 
     def add(self, name: str, tensor) -> None:
-        self.buffer.append((name, tensor.detach().clone()))
+        tensor = tensor.detach()
+        tensor.record_stream(torch.cuda.current_stream())  # ZeRO-3 frees it next: not reused before the copy
+        if self.host:
+            copy = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+            self.buffer.append((name, copy.copy_(tensor, non_blocking=True)))
+        else:
+            self.buffer.append((name, tensor.clone()))
 
     def start(self) -> tuple[list, threading.Thread]:
         owner, buffer = self.owner, self.buffer
         metas = [(name, t.dtype, tuple(t.shape)) for name, t in buffer]
         loads = [engine.receive_weights.remote(metas) for engine in owner.vllm_engines]
         copied = torch.cuda.Event()
-        copied.record()  # the clones above, on the trainer's stream
+        copied.record()  # the copies above, on the trainer's stream
         stream = torch.cuda.Stream()
         use_ray = getattr(owner.strategy.args.vllm, "sync_with_ray", False)
 
@@ -90,8 +100,9 @@ class NcclSender:
                 stream.wait_event(copied)
                 with torch.cuda.stream(stream), timeline.RECORDER.timed("sync", "send"):  # beside the actor's spans
                     for _, tensor in buffer:
-                        if use_ray:
-                            import ray.util.collective as collective
+                        tensor = tensor.to(device, non_blocking=True)  # host buffer: staged; else itself
+                        if use_ray:  # device buffer only: the launcher refuses a host one with it (Ray's
+                            import ray.util.collective as collective  # stream would not wait for the staging)
 
                             collective.broadcast(tensor, 0, group_name=owner._model_update_group)
                         else:
@@ -112,13 +123,18 @@ def start_sync(trainer) -> list:
     gather every parameter to sync into rank 0's buffer and start sending it; rank 0 returns the
     engines' load calls, the other ranks []."""
     from openrlhf_oppo.compat.weight_sync import gathered_weights
+    from openrlhf_oppo.integrations.runtime.run_config import config_from_env
 
     previous = getattr(trainer, "_oppo_send_thread", None)
     if previous is not None:  # the driver waited for its loads; the sender's last calls return with them
         previous.join()
         trainer._oppo_send_thread = None
     rank0 = torch.distributed.get_rank() == 0
-    sender = (NcclSender if torch.cuda.is_available() else CpuSender)(trainer) if rank0 else None
+    sender = None
+    if rank0 and torch.cuda.is_available():
+        sender = NcclSender(trainer, host=config_from_env().staleness.background_sync_buffer == "host")
+    elif rank0:
+        sender = CpuSender(trainer)  # host memory either way
     for name, tensor in gathered_weights(trainer):
         if rank0:
             sender.add(name, tensor)  # a copy: the gathered tensor is released with the next

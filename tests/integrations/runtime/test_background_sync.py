@@ -53,9 +53,11 @@ def test_the_driver_takes_rank0s_loads_and_names_a_missing_actor_swap():
 
 
 @pytest.mark.gpu
-def test_the_gpu_sender_broadcasts_the_buffer_as_gathered_while_the_trainer_updates_the_weights():
+@pytest.mark.parametrize("host", [False, True], ids=["device-buffer", "host-buffer"])
+def test_the_gpu_sender_broadcasts_the_buffer_as_gathered_while_the_trainer_updates_the_weights(host):
     """NcclSender on a CUDA device with a recording group in place of OpenRLHF's NCCL one: each
-    tensor is sent on the sender's stream, after the clone, whatever the trainer's stream does next."""
+    tensor is sent on the sender's stream, after the copy (on the GPU, or to pinned host memory and
+    staged back), whatever the trainer's stream does next."""
     received: list[torch.Tensor] = []
 
     class Group:
@@ -75,12 +77,14 @@ def test_the_gpu_sender_broadcasts_the_buffer_as_gathered_while_the_trainer_upda
     weight = torch.randn(4096, 4096, device="cuda")
     owner = SimpleNamespace(strategy=SimpleNamespace(args=SimpleNamespace(vllm=SimpleNamespace(sync_with_ray=False))),
                             vllm_engines=[Engine], _model_update_group=Group())
-    sender = background_sync.NcclSender(owner)
+    sender = background_sync.NcclSender(owner, host=host)
     sender.add("w", weight)
+    (_, kept), = sender.buffer
+    assert (kept.device.type, kept.is_pinned()) == (("cpu", True) if host else ("cuda", False))
     expected = weight.clone()
     loads, thread = sender.start()
     weight.mul_(3.0)  # the next step, on the trainer's stream
     thread.join(60)
     torch.cuda.synchronize()
     assert loads == ["load"] and Engine.receive_weights.metas == [("w", torch.float32, (4096, 4096))]
-    assert len(received) == 1 and torch.equal(received[0], expected)
+    assert len(received) == 1 and received[0].is_cuda and torch.equal(received[0], expected)

@@ -259,6 +259,22 @@ def test_background_sync_runs_where_there_is_something_to_overlap_and_is_refused
         check_flags(rest, cfg)
 
 
+def test_a_host_sync_buffer_is_refused_with_rays_collective_and_named(capsys):
+    from openrlhf_oppo.cli.train_ppo_ray import check_flags, parse
+
+    host = ["--oppo.staleness.background_sync", "true", "--oppo.staleness.background_sync_buffer", "host", *LAG2,
+            "--train.colocate_all", "--train.async_enable"]
+    check_flags(*reversed(parse(host)))  # OpenRLHF's own NCCL group: runs
+    cfg, rest = parse([*host, "--vllm.sync_with_ray"])
+    with pytest.raises(ValueError, match=r"--oppo\.staleness\.background_sync_buffer host cannot be combined with "
+                                         r"--vllm\.sync_with_ray"):
+        check_flags(rest, cfg)
+    with pytest.raises(SystemExit):
+        parse(["--oppo.staleness.background_sync_buffer", "disk"])
+    assert "--oppo.staleness.background_sync_buffer: invalid choice: 'disk' (choose from 'device', 'host')" in \
+        capsys.readouterr().err
+
+
 REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
     (["--train.async_enable"], r"--train\.async_enable with OPPO needs --oppo\.staleness\.max_policy_lag >= 1", []),
     (["--train.partial_rollout_enable"], r"--train\.partial_rollout_enable cannot be combined with OPPO", []),
