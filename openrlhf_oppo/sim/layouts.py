@@ -181,8 +181,8 @@ def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
             out += [dataclasses.replace(coloc, sleep=sleep, reward_with_train=True) for sleep in (False, True)]
             out += [dataclasses.replace(coloc, sleep=sleep) for sleep in (False, True)]
         # vLLM on some devices of every node, or on whole nodes of its own (the pattern then has none)
-        engine_nodes = [(0, gen) for gen in range(tp, g, tp)] + [(n, 0) for n in range(1, s.nodes) if g % tp == 0]
-        for (nodes, gen), ref in ((e, ref) for e in engine_nodes for ref in ((0, 1) if ref_actors else (0,))):
+        placements = [(0, gen) for gen in range(tp, g, tp)] + [(n, 0) for n in range(1, s.nodes) if g % tp == 0]
+        for (nodes, gen), ref in ((p, ref) for p in placements for ref in ((0, 1) if ref_actors else (0,))):
             for score in (0, 1, 2):
                 rest = g - gen - score - ref
                 critics = sorted({0, *(c for c in (rest // 2, rest - rest // 2) if 1 <= c < rest)}
