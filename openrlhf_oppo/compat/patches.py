@@ -44,7 +44,13 @@ def flash_attn_standin(module) -> None:
     standin.install()
 
 
-def _noop(*args, **kwargs) -> None:
+# one function per torch attribute replaced: torch.compile's trace rules map each torch function to a rule
+# and assert when one object stands under two names with different rules (set_device, synchronize)
+def _set_device_on_cpu(*args, **kwargs) -> None:
+    return None
+
+
+def _synchronize_on_cpu(*args, **kwargs) -> None:
     return None
 
 
@@ -62,9 +68,9 @@ def cuda_calls_to_cpu(module) -> None:
     `openrlhf.utils.deepspeed.deepspeed`, so only training processes are touched."""
     import torch
 
-    torch.cuda.set_device = _noop
+    torch.cuda.set_device = _set_device_on_cpu
     torch.cuda.current_device = _cpu_device
-    torch.cuda.synchronize = _noop
+    torch.cuda.synchronize = _synchronize_on_cpu
 
 
 @_gated

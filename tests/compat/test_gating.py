@@ -1,8 +1,9 @@
 """The compat layer is inert where CUDA is present (the only test that mocks
-torch.cuda.is_available)."""
+torch.cuda.is_available), and where it acts it leaves torch.compile's trace rules whole."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
 from unittest import mock
@@ -48,3 +49,16 @@ def test_launch_env_without_cuda_carries_the_compat_layer_to_every_process():
     assert (compat.SITE_DIR / "sitecustomize.py").exists()
     assert '"GPU": 8' in env["RAY_OVERRIDE_RESOURCES"]
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_cuda_calls_redirected_to_the_cpu_leave_torch_compiles_trace_rules_consistent():
+    """torch.compile (Megatron's fused kernels at import, vLLM's sampler) maps each torch function to a
+    trace rule and asserts when one object stands under two names with different rules: each replaced
+    torch.cuda attribute gets a function of its own. In a subprocess: the patch stays out of this one."""
+    code = ("import torch, torch._dynamo.trace_rules as rules\n"
+            "from openrlhf_oppo.compat import patches\n"
+            "patches.cuda_calls_to_cpu(None)\n"
+            "assert torch.cuda.set_device is not torch.cuda.synchronize\n"
+            "rules.lookup(torch.add)  # builds the rule map over every torch name\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
