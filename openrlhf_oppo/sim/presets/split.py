@@ -9,7 +9,8 @@ from openrlhf_oppo.settings import setting as _f
 
 @dataclass(frozen=True)
 class Split:
-    """Which devices generate, score and train (per node; the pattern repeats on every node)."""
+    """Which devices generate, score and train (per node; the pattern repeats on every node but
+    `engine_nodes`, which hold engines only)."""
 
     nodes: int = _f(1, "Nodes.")
     gpus_per_node: int = _f(8, "Devices per node.")
