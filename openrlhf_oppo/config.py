@@ -24,7 +24,7 @@ from openrlhf_oppo.settings import setting as _f
 FLAG_PREFIX = "oppo"
 DELTA_RULES = ("system", "eq4", "alg1")
 CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
-SYNC_BUFFERS = ("device", "host")  # staleness.background_sync_buffer
+SYNC_BUFFERS = ("device", "host", "shards")  # staleness.background_sync_buffer
 # staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
 # beyond the seed spread (docs/convergence.md); TIS, OpenRLHF's token-level clip, is the conservative pick
 AUTO_CORRECTION = "tis"
@@ -147,9 +147,11 @@ class StalenessConfig:
         "device",
         "Where the background sync keeps the weights it sends (GPU runs; a CPU run packs them in host memory "
         "either way): 'device' (a whole copy of the actor's weights on its first GPU: the trainer waits for "
-        "the gather only) or 'host' (pinned host memory on that node, the GPU holding one parameter at a "
+        "the gather only), 'host' (pinned host memory on that node, the GPU holding one parameter at a "
         "time as it is sent: for models whose copy does not fit beside the ZeRO-3 states; the trainer also "
-        "waits for the copies to host, which overlap the gather).",
+        "waits for the copies to host, which overlap the gather) or 'shards' (no gather: every DeepSpeed "
+        "rank copies its own ZeRO-3 partition and sends it to the engines, which reassemble the parameters; "
+        "the trainer waits for that copy only; needs --ds.zero_stage 3).",
         choices=SYNC_BUFFERS,
     )
     keep_kv_cache: bool = _f(

@@ -74,6 +74,43 @@ def gathered_weights(trainer):
             yield name, param.data
 
 
+SHARDS_NEED_ZERO3 = ("--oppo.staleness.background_sync_buffer shards sends each rank's ZeRO-3 partition, but {name} "
+                     "{why}; use the device or host buffer")
+
+
+def local_shards(trainer):
+    """(name, this rank's ZeRO-3 partition, the parameter's shape) of each parameter `gathered_weights`
+    yields, without a collective: rank r holds elements [r p, (r + 1) p) of the flattened parameter,
+    p = ceil(numel / ranks), the last one zero-padded (DeepSpeed's `_partition_param`); `reassemble`
+    undoes it. RuntimeError, naming the parameter, where the partition is not that: not ZeRO-3,
+    released to NVMe, or partitioned over fewer ranks than the actor has (ring attention's groups)."""
+    import torch
+
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    model = trainer.actor.model.module
+    vlm = getattr(trainer.actor, "is_vlm", False)
+    for name, param in model.named_parameters():
+        if vlm and not param.requires_grad:
+            continue
+        shard = getattr(param, "ds_tensor", None)
+        if shard is None or shard.numel() != getattr(shard, "ds_numel", -1):
+            why = "has no partition (--ds.zero_stage 3?)" if shard is None else "has its partition on NVMe"
+            raise RuntimeError(SHARDS_NEED_ZERO3.format(name=name, why=why))
+        group = param.ds_process_group
+        if torch.distributed.get_world_size(group) != world or torch.distributed.get_rank(group) != rank:
+            raise RuntimeError(SHARDS_NEED_ZERO3.format(
+                name=name, why=f"is partitioned over {torch.distributed.get_world_size(group)} of the actor's "
+                               f"{world} ranks"))
+        yield name, shard, tuple(param.ds_shape)
+
+
+def reassemble(flat, shape):
+    """A parameter from its ZeRO-3 partitions laid end to end in rank order (`local_shards`)."""
+    import math
+
+    return flat[:math.prod(shape)].view(shape)
+
+
 def send_weights(owner, named) -> None:
     """Send `(name, tensor)` pairs to `owner.vllm_engines` as one packed state dict from global
     rank 0 and wait until every engine has loaded it. Every rank iterates `named` (gathering a

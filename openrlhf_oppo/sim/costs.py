@@ -63,6 +63,8 @@ class CostModel:
     experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
     sync_overhead_s: float = 0.0  # per weight sync, beyond weight_sync_s
     sync_gather_s: float = 0.0  # staleness.background_sync: the trainer's share of a sync (gather + a call)
+    sharded_sync_s: float = 0.0  # with staleness.background_sync_buffer shards: a background sync's broadcast
+    # (no gather; 0: the buffer is gathered, and the background sync takes weight_sync_s as a foreground one)
     decode_slowdown_scoring: float = 0.0  # scorer_on_engines: 0, the engine stops while its scorer prefills; else x
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
@@ -203,9 +205,21 @@ def _roofline(cfg: SimConfig) -> CostModel:
     link = hw.nvlink_bytes_per_s if s.nodes == 1 or s.colocate else hw.network_bytes_per_s / s.gpus_per_node
     gather_s = actor.weight_bytes / (gather * e.link_efficiency)
     gather_call_s = e.forward_overhead_s + gather_s  # a call + a ZeRO-3 gather
-    # a background sync into host memory: each gathered parameter copied to the host beside the next gather
-    host_buffer = cfg.oppo.staleness.background_sync_buffer == "host"
-    host_copy_s = actor.weight_bytes / (hw.pcie_bytes_per_s * e.link_efficiency)
+    # OpenRLHF's sync gathers each parameter (ZeRO-3), then broadcasts it: the two in turn
+    sync_s = e.weight_sync_base_s + gather_s + actor.weight_bytes / (link * e.link_efficiency)
+    # the trainer's share of a background sync: a call and the gather; into host memory, each gathered
+    # parameter copied to the host beside the next gather; in shards, each rank's copy of its partition,
+    # then every engine device takes the whole weights from the actor's ranks, each of which sends its
+    # partition to every engine device, both through their links
+    buffer, ranks = cfg.oppo.staleness.background_sync_buffer, s.pattern_nodes * s.train_gpus
+    sync_gather_s, sharded_sync_s = gather_call_s, 0.0
+    if buffer == "host":
+        host_copy_s = actor.weight_bytes / (hw.pcie_bytes_per_s * e.link_efficiency)
+        sync_gather_s = e.forward_overhead_s + max(gather_s, host_copy_s)
+    elif buffer == "shards":
+        sync_gather_s = e.forward_overhead_s + actor.weight_bytes / (ranks * bw)
+        fan_out = max(1.0, s.engines * tp / ranks)  # the senders' links, else the engine devices', bound it
+        sharded_sync_s = e.weight_sync_base_s + fan_out * actor.weight_bytes / (link * e.link_efficiency)
     return CostModel(
         stream_call_s=gather_call_s,
         ahead_call_s=e.forward_overhead_s,
@@ -220,9 +234,9 @@ def _roofline(cfg: SimConfig) -> CostModel:
         critic_forward_per_token_s=2 * critic.params / (train_flops * e.forward_mfu),
         reward_forward_per_token_s=2 * reward.params / (train_flops * e.forward_mfu),
         train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
-        # OpenRLHF's sync gathers each parameter (ZeRO-3), then broadcasts it: the two in turn
-        weight_sync_s=e.weight_sync_base_s + gather_s + actor.weight_bytes / (link * e.link_efficiency),
-        sync_gather_s=(e.forward_overhead_s + max(gather_s, host_copy_s)) if host_buffer else gather_call_s,
+        weight_sync_s=sync_s,
+        sync_gather_s=sync_gather_s,
+        sharded_sync_s=sharded_sync_s,
         seqs_per_engine=_seqs_per_engine(cfg, actor, tp),
         **_groups(cfg, actor.params, critic.params),
         **_layout(cfg),

@@ -92,7 +92,7 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     the reference, the training devices do not. `sync_buffer` (`staleness.background_sync`): the
     actor's first rank holds a whole copy of its weights while they are broadcast (charged to every
     device: the one that holds it must fit), or with `staleness.background_sync_buffer` host, in host
-    memory, one parameter at a time on the device."""
+    memory, one parameter at a time on the device; `shards`: each device its own partition."""
     s, w, actor = cfg.split, cfg.workload, cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
@@ -101,7 +101,9 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     items = []
     if group == "actor":
         items.append(("actor ZeRO-3 states", zero3_bytes(actor.params, True, n)))
-        if sync_buffer and cfg.oppo.staleness.background_sync_buffer == "host":
+        if sync_buffer and cfg.oppo.staleness.background_sync_buffer == "shards":
+            items.append(("weight-sync partitions", actor.weight_bytes / n))
+        elif sync_buffer and cfg.oppo.staleness.background_sync_buffer == "host":
             largest = largest_param(actor.hidden, actor.intermediate, actor.vocab)
             items.append(("weight-sync staging", WEIGHT_BYTES_PER_PARAM * largest))
         elif sync_buffer:

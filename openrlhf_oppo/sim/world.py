@@ -231,9 +231,10 @@ class World:
                 end = max(end, now_s + dt)
         return end
 
-    def weight_sync(self, now_s: float) -> float:
-        """Broadcast the new weights; engines pause for it. Returns its end."""
-        end = now_s + self.sync_s()
+    def weight_sync(self, now_s: float, background: bool = False) -> float:
+        """Broadcast the new weights (`background`: beside the trainer's next step); engines pause for
+        it. Returns its end."""
+        end = now_s + self.sync_s(background)
         self.rollout.pause(now_s)
         for e in range(len(self.rollout.engines)):
             self.recorder.span("rollout", e, "load_weights", now_s, end)
@@ -241,10 +242,12 @@ class World:
         self.loop.at(end, self._synced, end)
         return end
 
-    def sync_s(self) -> float:
-        """A weight sync's duration (with the hybrid engine, vLLM wakes first)."""
+    def sync_s(self, background: bool = False) -> float:
+        """A weight sync's duration (with the hybrid engine, vLLM wakes first; in the background from
+        ZeRO-3 partitions, `sharded_sync_s`, without a gather)."""
         c = self.costs
-        return c.sleep_transfer_s + c.weight_sync_s + c.sync_overhead_s
+        sync = c.sharded_sync_s if background and c.sharded_sync_s > 0 else c.weight_sync_s
+        return c.sleep_transfer_s + sync + c.sync_overhead_s
 
     def _synced(self, now_s: float) -> None:
         self.version += 1

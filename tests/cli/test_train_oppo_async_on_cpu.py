@@ -119,3 +119,33 @@ def test_a_run_with_the_sync_in_the_background_resumes_from_its_checkpoint_losin
     check_resumed_ledger(run_a, run_b)
     events = ledger.read_events(run_a.root / "ledger.jsonl") + ledger.read_events(run_b.root / "ledger.jsonl")
     assert ledger.check_events(events).ok
+
+
+def test_a_sharded_background_sync_reassembles_two_ranks_partitions_in_the_engines(train_runs, teacher_forced,
+                                                                                   logprob_atol):
+    """`--oppo.staleness.background_sync_buffer shards` with the actor on two ZeRO-3 ranks (vLLM and each
+    model on logical GPUs of their own, OpenRLHF's default placement): no gather;
+    each rank sends its own partitions (through Ray on CPU) and the engine loads the weights once both
+    have come. The last probe, decoded after the last landing, holds the saved actor's weights: a
+    partition misplaced, dropped or left padded would not."""
+    run = train_runs("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false",
+                     "--oppo.staleness.background_sync", "true",
+                     "--oppo.staleness.background_sync_buffer", "shards", "--actor.num_gpus_per_node", "2",
+                     "--data.max_samples", "8")
+    assert run.returncode == 0, run.failure()
+    report = ledger.check_run(run.root)
+    assert report.ok and report.admitted == 8 and report.held == 0, report.summary()
+    probes = run.probes()
+    assert [p["sync"] for p in probes] == [1, 2]
+    from openrlhf_oppo import timeline
+
+    rows = timeline.read(run.root / "timeline")
+    assert len(timeline.stage_spans(rows, "sync", "landing")) == len(timeline.stage_spans(rows, "driver",
+                                                                                              "weight_sync")) == 2
+    assert len({r["pid"] for r in timeline.stage_spans(rows, "actor", "weight_sync")}) == 2  # both ranks sent
+    last = probes[-1]
+    chosen, _, _ = teacher_forced(run.root / "model", last)
+    initial, _, _ = teacher_forced(run.assets / "actor", last)
+    trained_err = (chosen - torch.tensor(last["logprobs"])).abs().max()
+    initial_err = (initial - torch.tensor(last["logprobs"])).abs().max()
+    assert trained_err < logprob_atol < initial_err and initial_err > 3 * trained_err

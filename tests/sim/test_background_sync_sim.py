@@ -83,3 +83,33 @@ def test_a_host_buffer_stages_one_parameter_and_the_trainer_waits_for_the_copies
     host, device = cost_model.build(cfg), cost_model.build(load_preset("paper-7b-h200", [*SPLIT, BACKGROUND]))
     assert host.sync_gather_s == pytest.approx(0.03 + cfg.actor.weight_bytes / (64e9 * 0.7))
     assert device.sync_gather_s == pytest.approx(0.03 + cfg.actor.weight_bytes / (450e9 * 0.7))
+
+
+SPLIT_72B = ["split.nodes=8", "split.engine_nodes=1", "split.colocate=false", "split.generate_gpus=0",
+             "split.tensor_parallel=2", "split.train_gpus=8", "split.score_gpus=0", "split.reward_with_train=true",
+             "actor=qwen2.5-72b", "critic=qwen2.5-72b", "reward=qwen2.5-72b", BACKGROUND]
+
+
+def test_shards_leave_each_device_its_partition_and_the_trainer_only_the_copy_of_it():
+    # 72B on 8 nodes: vLLM on one node (4 engines x TP 2 = 8 devices), 7 x 8 DeepSpeed devices (56 ranks)
+    cfg = load_preset("paper-7b-h200", [*SPLIT_72B, "staleness.background_sync_buffer=shards"])
+    items = dict(memory.training_items(cfg, sync_buffer=True))
+    assert items["weight-sync partitions"] == pytest.approx(145.4e9 / 56, rel=1e-3)  # 2.6 GB a device
+    c = cost_model.build(cfg)
+    gathered = cost_model.build(load_preset("paper-7b-h200", [*SPLIT_72B, "staleness.background_sync_buffer=host"]))
+    # the trainer: a 30 ms call and each rank's copy of its 2.6 GB at 4.8 TB/s x 0.7: 0.8 ms
+    assert c.sync_gather_s == pytest.approx(0.03 + 145.4e9 / 56 / (4.8e12 * 0.7), rel=1e-3)
+    # the engines: each of the 8 engine devices takes the whole 145 GB through its 50 GB/s NIC (4.2 s), and
+    # each of the 56 senders sends 8 x 2.6 GB (under that): 0.5 + 4.2 s, against the gathered sync's 0.5 + 2 x 4.2
+    one_way = 145.4e9 / (50e9 * 0.7)
+    assert c.sharded_sync_s == pytest.approx(0.5 + one_way, rel=1e-3)
+    assert c.weight_sync_s == pytest.approx(0.5 + 2 * one_way, rel=1e-3)  # a foreground sync still gathers
+    assert gathered.sharded_sync_s == 0 and gathered.sync_gather_s == pytest.approx(0.03 + one_way, rel=1e-3)
+
+
+def test_a_sharded_background_sync_holds_the_engines_for_its_own_broadcast_only():
+    res, costs = run(BACKGROUND, "staleness.background_sync_buffer=shards")
+    assert 0 < costs.sharded_sync_s < costs.weight_sync_s
+    for (s0, s1), step in zip(spans(res, "driver", "weight_sync"), res.steps):
+        assert s1 - s0 == pytest.approx(costs.sharded_sync_s + costs.sync_overhead_s)
+        assert step.sync_end_s == pytest.approx(s0 + costs.sync_gather_s)

@@ -248,6 +248,25 @@ def _check_background_sync(cfg: oppo_config.OppoConfig, argv: list[str]) -> None
         raise ValueError("--oppo.staleness.background_sync_buffer host cannot be combined with --vllm.sync_with_ray: "
                          "each parameter is staged back to the GPU on a stream Ray's collective does not wait for; "
                          "drop --vllm.sync_with_ray (OpenRLHF's own NCCL group) or use the device buffer")
+    if cfg.staleness.background_sync_buffer == "shards":
+        _check_sharded_sync(argv)
+
+
+def _check_sharded_sync(argv: list[str]) -> None:
+    """`--oppo.staleness.background_sync_buffer shards` sends each rank's ZeRO-3 partition: there must be
+    one, laid out as ZeRO-3 lays it out (no AutoTP), sent over the NCCL group the engines join."""
+    flag = "--oppo.staleness.background_sync_buffer shards"
+    stage = _value("--ds.zero_stage", argv) or "2 (OpenRLHF's default)"
+    if stage != "3":
+        raise ValueError(f"{flag} needs --ds.zero_stage 3 (got {stage}): below stage 3 no rank holds a "
+                         f"partition of the weights to send; use the device or host buffer")
+    tp = _value("--ds.tensor_parallel_size", argv)
+    if tp is not None and int(tp) > 1:
+        raise ValueError(f"{flag} cannot be combined with --ds.tensor_parallel_size {tp}: AutoTP's sliced "
+                         f"layers are not ZeRO-3 partitions; use the device or host buffer")
+    if _given("--vllm.sync_with_ray", argv):
+        raise ValueError(f"{flag} cannot be combined with --vllm.sync_with_ray: the partitions go point to "
+                         f"point over OpenRLHF's own NCCL group; drop --vllm.sync_with_ray")
 
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # Ray's job manager sets it in a submitted job's driver

@@ -17,7 +17,8 @@ optimizer states and gradients to the host while vLLM generates). Per GPU
     background sync buffer   the actor's whole weights (--ds.param_dtype) on its first GPU
                              (--oppo.staleness.background_sync); with
                              --oppo.staleness.background_sync_buffer host its largest parameter (the
-                             weights wait in host memory)
+                             weights wait in host memory); with shards each GPU's own partition
+                             (1/N of the weights on each of the actor's N GPUs)
     ZeRO-3 live parameters (training and its forwards), reserve (CUDA contexts, NCCL, fragmentation)
 
 Activations are left out: this is a lower bound, so whatever it refuses cannot fit.
@@ -120,7 +121,10 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
         actor = footprint.params_of_config(actor_cfg)
         items += trained("actor", actor, gpus("actor"))
         if cfg is not None and cfg.staleness.background_sync:  # on the actor's first GPU: counted on each
-            if cfg.staleness.background_sync_buffer == "host":
+            if cfg.staleness.background_sync_buffer == "shards":
+                items.append(("background sync partitions (--oppo.staleness.background_sync_buffer shards: 1/"
+                              f"{gpus('actor')} of the actor's weights)", dtype_bytes * actor / gpus("actor"), ALWAYS))
+            elif cfg.staleness.background_sync_buffer == "host":
                 largest = footprint.largest_param(actor_cfg.hidden_size, actor_cfg.intermediate_size,
                                                   actor_cfg.vocab_size)
                 items.append(("background sync staging (--oppo.staleness.background_sync_buffer host: the "

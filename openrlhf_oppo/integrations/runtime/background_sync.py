@@ -26,6 +26,12 @@ Transports of the buffer:
                     `--oppo.staleness.background_sync_buffer host` pinned host memory, staged back
                     to the GPU a parameter at a time as it is sent. CUDA IPC (vLLM on the training
                     GPUs) is refused by the launcher: with nothing to overlap there is no gain.
+    shards          (`--oppo.staleness.background_sync_buffer shards`, ZeRO-3) no gather: every rank
+                    copies its own partition of each parameter and sends it, the engines reassemble
+                    the parameters (`compat.weight_sync.reassemble`) and load them. On CPU each rank's
+                    packed partitions go through Ray to every engine's `load_shards`; on GPUs point
+                    to point over a group of every actor rank and every engine worker (`shard_group`)
+                    into the workers' `receive_shards` (`worker_ext`). The trainer waits for the copy.
 
 The driver swaps OpenRLHF's `PolicyModelActor` for this one (`trainer.patch_driver`), as it swaps
 the Megatron actor in, so a cluster's workers need nothing on their PYTHONPATH for it.
@@ -87,41 +93,134 @@ class NcclSender:
         owner, buffer = self.owner, self.buffer
         metas = [(name, t.dtype, tuple(t.shape)) for name, t in buffer]
         loads = [engine.receive_weights.remote(metas) for engine in owner.vllm_engines]
-        copied = torch.cuda.Event()
-        copied.record()  # the copies above, on the trainer's stream
-        stream = torch.cuda.Stream()
-        use_ray = getattr(owner.strategy.args.vllm, "sync_with_ray", False)
+        group = owner._model_update_group
 
-        device = torch.cuda.current_device()  # a thread starts on device 0: send from the trainer's
+        def broadcast(tensor, stream) -> None:
+            if getattr(owner.strategy.args.vllm, "sync_with_ray", False):  # device buffer only: the launcher
+                import ray.util.collective as collective  # refuses a host one (Ray's stream would not wait for it)
 
-        def send() -> None:
-            try:
-                torch.cuda.set_device(device)
-                stream.wait_event(copied)
-                with torch.cuda.stream(stream), timeline.RECORDER.timed("sync", "send"):  # beside the actor's spans
-                    for _, tensor in buffer:
-                        tensor = tensor.to(device, non_blocking=True)  # host buffer: staged; else itself
-                        if use_ray:  # device buffer only: the launcher refuses a host one with it (Ray's
-                            import ray.util.collective as collective  # stream would not wait for the staging)
+                collective.broadcast(tensor, 0, group_name=group)
+            else:
+                group.broadcast(tensor, src=0, stream=stream)
 
-                            collective.broadcast(tensor, 0, group_name=owner._model_update_group)
-                        else:
-                            owner._model_update_group.broadcast(tensor, src=0, stream=stream)
-                    stream.synchronize()
-            except BaseException:  # the engines would wait for the rest forever: fail their loads instead
-                traceback.print_exc()
-                for ref in loads:
-                    ray.cancel(ref)
+        return loads, _start_sending(loads, [t for _, t in buffer], broadcast)
 
-        thread = threading.Thread(target=send, name="oppo-weight-send", daemon=True)
-        thread.start()
-        return loads, thread
+
+class CpuShardSender:
+    """This rank's ZeRO-3 partitions, packed (`--oppo.staleness.background_sync_buffer shards` on CPU); `start`
+    hands them to every engine (`OppoRolloutActor.load_shards`), which loads the weights once every
+    rank's have come. Every rank returns its calls: the driver waits for all of them."""
+
+    def __init__(self, owner) -> None:
+        from openrlhf_oppo.compat import weight_sync
+
+        self.owner, self.weight_sync, self.shapes, self.packed = owner, weight_sync, [], []
+
+    def add(self, name: str, shard, shape: tuple) -> None:
+        self.shapes.append(shape)
+        self.packed.append(self.weight_sync.pack_tensor(name, shard))
+
+    def start(self) -> tuple[list, None]:
+        rank, senders = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        packed = ray.put(self.packed)
+        loads = [engine.load_shards.remote(rank, senders, self.shapes, packed) for engine in self.owner.vllm_engines]
+        if rank == 0:
+            self.weight_sync.probe(self.owner)  # queued: the engines stay paused until every rank's loads finish
+        return loads, None
+
+
+class NcclShardSender:
+    """This rank's ZeRO-3 partitions (`--oppo.staleness.background_sync_buffer shards` on GPUs), copied where
+    they live (1/ranks of the weights); `start` has rank 0 call each engine's `receive_shards`, and
+    every rank send its partitions point to point to every engine worker of `shard_group`'s group,
+    from a thread on a stream of its own. The workers (`worker_ext.OppoWorkerWrap`) take every rank's
+    partition of a parameter, reassemble it and load it."""
+
+    def __init__(self, owner, group) -> None:
+        self.owner, self.group, self.metas, self.buffer = owner, group, [], []
+
+    def add(self, name: str, shard, shape: tuple) -> None:
+        self.metas.append((name, shard.dtype, shape, shard.numel()))
+        self.buffer.append(shard.detach().clone())  # on the trainer's stream: before the next step writes it
+
+    def start(self) -> tuple[list, threading.Thread]:
+        senders, group = torch.distributed.get_world_size(), self.group
+        loads = []
+        if torch.distributed.get_rank() == 0:
+            loads = [engine.receive_shards.remote(self.metas, senders) for engine in self.owner.vllm_engines]
+
+        def scatter(shard, stream) -> None:
+            group.group_start()
+            for dst in range(senders, group.world_size):  # the engines' workers follow the actor's ranks
+                group.send(shard, dst, stream)
+            group.group_end()
+
+        return loads, _start_sending(loads, self.buffer, scatter)
+
+
+def _start_sending(loads: list, buffer: list, send) -> threading.Thread:
+    """A thread that calls `send(tensor, stream)` on each tensor of `buffer` in order (a host one staged
+    to this GPU first), on a CUDA stream of its own that waits for what the trainer's stream has
+    queued so far (the buffer's copies). A failure cancels `loads`: the engines would wait forever."""
+    copied = torch.cuda.Event()
+    copied.record()
+    stream = torch.cuda.Stream()
+    device = torch.cuda.current_device()  # a thread starts on device 0: send from the trainer's
+
+    def run() -> None:
+        try:
+            torch.cuda.set_device(device)
+            stream.wait_event(copied)
+            with torch.cuda.stream(stream), timeline.RECORDER.timed("sync", "send"):  # beside the actor's spans
+                for tensor in buffer:
+                    send(tensor.to(device, non_blocking=True), stream)
+                stream.synchronize()
+        except BaseException:
+            traceback.print_exc()
+            for ref in loads:
+                ray.cancel(ref)
+
+    thread = threading.Thread(target=run, name="oppo-weight-send", daemon=True)
+    thread.start()
+    return thread
+
+
+def shard_group(trainer):
+    """The NCCL group of a sharded sync, made on the first one: every actor rank (group rank = its own)
+    and every engine worker after them, as OpenRLHF's `_init_vllm_sync_group` makes its group of rank 0
+    and the workers (the workers' group is replaced by this one)."""
+    group = getattr(trainer, "_oppo_shard_group", None)
+    if group is not None:
+        return group
+    import socket
+
+    from openrlhf.utils.distributed_util import stateless_init_process_group
+
+    rank, senders = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    tp = trainer.strategy.args.vllm.tensor_parallel_size
+    world = senders + len(trainer.vllm_engines) * tp
+    address = [None]
+    if rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            address = [(ray.util.get_node_ip_address(), sock.getsockname()[1])]
+    torch.distributed.broadcast_object_list(address, src=0)
+    host, port = address[0]
+    joined = []
+    if rank == 0:
+        joined = [engine.init_process_group.remote(host, port, senders + i * tp, world, "openrlhf-oppo-shards",
+                                                   backend="nccl", use_ray=False)
+                  for i, engine in enumerate(trainer.vllm_engines)]
+    trainer._oppo_shard_group = stateless_init_process_group(host, port, rank, world, torch.cuda.current_device())
+    ray.get(joined)
+    return trainer._oppo_shard_group
 
 
 def start_sync(trainer) -> list:
     """The actor side of a background sync on `trainer` (OpenRLHF's `ActorPPOTrainer` on this rank):
     gather every parameter to sync into rank 0's buffer and start sending it; rank 0 returns the
-    engines' load calls, the other ranks []."""
+    engines' load calls, the other ranks []. With the `shards` buffer every rank buffers and sends its
+    own partitions, and returns its calls (on GPUs, rank 0 the engines' only one)."""
     from openrlhf_oppo.compat.weight_sync import gathered_weights
     from openrlhf_oppo.integrations.runtime.run_config import config_from_env
 
@@ -129,10 +228,21 @@ def start_sync(trainer) -> list:
     if previous is not None:  # the driver waited for its loads; the sender's last calls return with them
         previous.join()
         trainer._oppo_send_thread = None
+    buffer = config_from_env().staleness.background_sync_buffer
+    if buffer == "shards":  # every rank sends its own partitions: no gather
+        from openrlhf_oppo.compat.weight_sync import local_shards
+
+        cuda = torch.cuda.is_available()
+        sender = NcclShardSender(trainer, shard_group(trainer)) if cuda else CpuShardSender(trainer)
+        for name, shard, shape in local_shards(trainer):
+            sender.add(name, shard, shape)
+        loads, trainer._oppo_send_thread = sender.start()
+        torch.distributed.barrier()
+        return loads
     rank0 = torch.distributed.get_rank() == 0
     sender = None
     if rank0 and torch.cuda.is_available():
-        sender = NcclSender(trainer, host=config_from_env().staleness.background_sync_buffer == "host")
+        sender = NcclSender(trainer, host=buffer == "host")
     elif rank0:
         sender = CpuSender(trainer)  # host memory either way
     for name, tensor in gathered_weights(trainer):
@@ -146,8 +256,8 @@ def start_sync(trainer) -> list:
 
 
 def engine_loads(replies: list) -> list:
-    """The load calls in the actor group's replies to `broadcast_to_vllm` (rank 0's; [] from the
-    others). RuntimeError when no rank returned a list: OpenRLHF's own actor ran."""
+    """The load calls in the actor group's replies to `broadcast_to_vllm` (every rank's list).
+    RuntimeError when no rank returned a list: OpenRLHF's own actor ran."""
     if not any(isinstance(r, list) for r in replies):
         raise RuntimeError(NOT_INSTALLED)
     return [ref for r in replies for ref in (r or [])]

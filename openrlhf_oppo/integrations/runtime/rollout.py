@@ -27,6 +27,7 @@ import ray
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.integrations.runtime import worker_ext
 from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
@@ -38,7 +39,10 @@ class OppoRolloutActor(_BASE):
     """`RolloutRayActor` plus streaming starts, an outbox and a policy-version counter."""
 
     async def __init__(self, *args, **kwargs):
+        if kwargs.get("worker_extension_cls") == worker_ext.OPENRLHF_WORKER:  # plus a sharded sync's receiver
+            kwargs["worker_extension_cls"] = worker_ext.OPPO_WORKER
         await super().__init__(*args, **kwargs)
+        self._shards: dict[int, list] = {}  # a CPU sharded sync's partitions by actor rank, until all came
         self._outbox = Outbox()
         self._tasks: dict[int, asyncio.Task] = {}
         self._request_ids: dict[int, str] = {}  # sample id -> its vLLM request while it decodes
@@ -82,6 +86,32 @@ class OppoRolloutActor(_BASE):
         `update_weight` receives one parameter, in one call instead of a Ray round trip each."""
         for i, (name, dtype, shape) in enumerate(metas):
             await self.llm.collective_rpc("update_weight", args=(name, dtype, shape, i == len(metas) - 1))
+
+    async def receive_shards(self, metas: list[tuple], senders: int) -> None:
+        """The engine side of a sharded background sync on GPUs (`background_sync.NcclShardSender`): its
+        workers receive each parameter's partitions from the actor's `senders` ranks and load it."""
+        await self.llm.collective_rpc("receive_shards", args=(metas, senders))
+
+    async def load_shards(self, rank: int, senders: int, shapes: list[tuple], packed: list) -> None:
+        """The engine side of a sharded background sync on CPU (`background_sync.CpuShardSender`): rank
+        `rank`'s packed partitions; the call that brings the last of `senders` ranks' reassembles every
+        parameter and loads them through the CPU sync's `update_weight` (the engine stays paused until
+        every rank's call returns)."""
+        import torch
+
+        from openrlhf_oppo.compat import weight_sync
+
+        self._shards[rank] = packed
+        if len(self._shards) < senders:
+            return
+        shards, self._shards = self._shards, {}
+        weights = []
+        for i, shape in enumerate(shapes):
+            name = shards[0][i][0]
+            flat = torch.cat([weight_sync.unpack_tensor(shards[r][i])[1] for r in range(senders)])
+            weights.append(weight_sync.pack_tensor(name, weight_sync.reassemble(flat, shape)))
+        payload = {"tag": weight_sync.PAYLOAD_TAG, "weights": weights}
+        await self.llm.collective_rpc("update_weight", args=(payload, None, None, True))
 
     def set_policy_version(self, version: int) -> None:
         """Called while generation is paused for a weight sync: later tokens carry `version`."""

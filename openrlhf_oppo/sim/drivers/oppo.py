@@ -274,7 +274,7 @@ class OppoDriver(World):
         if now < self.sync_end_s:  # background sync: the last one is still broadcasting; this one waits for it
             self.loop.at(self.sync_end_s, self.sync_and_adapt, step, batch, stats, report, wait_start_s, ready_s)
             return
-        self.sync_end_s = self.weight_sync(now)  # pauses the engines: their segments end at `now`
+        self.sync_end_s = self.weight_sync(now, self.background_sync)  # pauses the engines: their segments end now
         # the trainer goes on once the weights are gathered (background sync), else after the broadcast
         released = min(self.sync_end_s, now + self.costs.sync_gather_s) if self.background_sync else self.sync_end_s
         self.flush(now)  # tokens decoded before the sync belong to the old policy version

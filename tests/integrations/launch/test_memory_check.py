@@ -92,6 +92,15 @@ def test_a_host_buffer_leaves_only_the_largest_parameter_on_the_gpu(tmp_path, gp
     assert "58.1 of 80.0 GB per GPU" in capsys.readouterr().out
 
 
+def test_a_sharded_buffer_leaves_each_gpu_its_own_partition(tmp_path, gpu_80gb, capsys):
+    # the async layout above plus 1/8 of 2 B x 7.62e9 parameters, 1.90 GB: 57.06 + 1.90 = 58.96 GB
+    flags = {**make_layout(tmp_path), "train.async_enable": True, "vllm.gpu_memory_utilization": 0.95}
+    preflight.check_config(flags, ["--oppo.streaming.kv_budget_tokens", "65536", "--oppo.staleness.max_policy_lag",
+                                   "2", "--oppo.staleness.background_sync", "true",
+                                   "--oppo.staleness.background_sync_buffer", "shards"], oppo=True)
+    assert "59.0 of 80.0 GB per GPU" in capsys.readouterr().out
+
+
 def test_a_budget_too_large_for_what_vllm_leaves_is_refused_with_the_budget_that_fits(tmp_path, gpu_80gb):
     with pytest.raises(ValueError, match=r"--oppo.streaming.kv_budget_tokens [\d,]+ or lower"):
         check(make_layout(tmp_path), util=0.28, budget=200_000)

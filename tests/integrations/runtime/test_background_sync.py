@@ -24,6 +24,22 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
+@pytest.fixture
+def sync_buffer(monkeypatch):
+    """`--oppo.staleness.background_sync_buffer` as the launcher hands it to the actor."""
+    import json
+
+    from openrlhf_oppo import config as oppo_config
+    from openrlhf_oppo import run_env
+
+    def use(buffer: str) -> None:
+        cfg = oppo_config.from_dict({"staleness": {"background_sync_buffer": buffer}})
+        monkeypatch.setenv(run_env.CONFIG_JSON, json.dumps(oppo_config.to_dict(cfg)))
+
+    use("device")
+    return use
+
+
 def make_trainer(fakes, model: torch.nn.Module, engines: int = 2):
     ns = SimpleNamespace
     args = ns(ds=ns(zero_stage=3, tensor_parallel_size=1), vllm=ns(enable_prefix_caching=False, sync_with_ray=False))
@@ -32,7 +48,7 @@ def make_trainer(fakes, model: torch.nn.Module, engines: int = 2):
     return ns(strategy=ns(args=args), actor=ns(model=ns(module=model)), vllm_engines=engine)
 
 
-def test_rank0_sends_a_copy_of_the_gathered_weights_and_returns_the_engines_loads(fakes, one_rank):
+def test_rank0_sends_a_copy_of_the_gathered_weights_and_returns_the_engines_loads(fakes, one_rank, sync_buffer):
     model = torch.nn.Linear(3, 2)
     trainer = make_trainer(fakes, model)
     loads = background_sync.start_sync(trainer)
@@ -46,8 +62,89 @@ def test_rank0_sends_a_copy_of_the_gathered_weights_and_returns_the_engines_load
     assert sent.keys() == before.keys() and all(torch.equal(sent[k], before[k]) for k in sent)
 
 
-def test_the_driver_takes_rank0s_loads_and_names_a_missing_actor_swap():
+def test_a_parameter_is_its_zero3_partitions_end_to_end_less_the_last_ones_padding():
+    # 15 elements over 2 ranks: DeepSpeed pads to 16, rank 0 holds 0..7, rank 1 holds 8..14 and a zero
+    whole = torch.arange(15.0).view(5, 3)
+    flat = torch.cat([torch.arange(8.0), torch.tensor([8.0, 9, 10, 11, 12, 13, 14, 0])])
+    assert torch.equal(weight_sync.reassemble(flat, (5, 3)), whole)
+
+
+def partitions(tensor: torch.Tensor, ranks: int) -> list[torch.Tensor]:
+    """A tensor's ZeRO-3 partitions as DeepSpeed's `_partition_param` lays them out."""
+    size = -(-tensor.numel() // ranks)
+    padded = torch.cat([tensor.flatten(), tensor.new_zeros(size * ranks - tensor.numel())])
+    return list(padded.split(size))
+
+
+class Zero3Linear(torch.nn.Linear):
+    """nn.Linear whose parameters carry the ZeRO-3 attributes `local_shards` reads, as rank `rank` of
+    `ranks` would hold them (`param.data` emptied, as ZeRO-3 leaves it between gathers)."""
+
+    def __init__(self, rank: int, ranks: int, group) -> None:
+        super().__init__(3, 5)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            self.weight.copy_(torch.randn(5, 3))
+            self.bias.copy_(torch.randn(5))
+        self.whole = {name: p.detach().clone() for name, p in self.named_parameters()}
+        for name, param in self.named_parameters():
+            shard = partitions(self.whole[name], ranks)[rank].clone()
+            shard.ds_numel = shard.numel()
+            param.ds_tensor, param.ds_shape, param.ds_process_group = shard, self.whole[name].shape, group
+            param.data = torch.empty(0)
+
+
+def test_each_rank_sends_its_own_partitions_and_the_engine_loads_once_every_ranks_came(fakes, one_rank,
+                                                                                        sync_buffer, monkeypatch):
+    """`shards` on CPU: the rank hands its packed partitions to every engine and returns the calls; the
+    engine (`OppoRolloutActor.load_shards`, on a stand-in with a recording vLLM) waits for the other
+    rank's, then loads the reassembled weights through the CPU sync's `update_weight`, once."""
+    from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutActor
+
+    sync_buffer("shards")
+    monkeypatch.setattr(background_sync.ray, "put", lambda obj: obj)  # the object store: no Ray here
+    model = Zero3Linear(rank=0, ranks=1, group=torch.distributed.group.WORLD)
+    sent = []
+    trainer = make_trainer(fakes, model)
+    for engine in trainer.vllm_engines:
+        engine.load_shards = fakes.FakeMethod(lambda *args: sent.append(args) or "queued")
+    loads = background_sync.start_sync(trainer)
+    assert [r.value for r in loads] == ["queued", "queued"] and len(sent) == 2
+    rank, senders, shapes, packed = sent[0]
+    assert (rank, senders, shapes) == (0, 1, [(5, 3), (5,)]) and sent[1] == sent[0]
+    assert [name for name, *_ in packed] == ["weight", "bias"]
+
+    # the engine: two ranks' partitions of the same weights, rank 1's first
+    loaded = []
+
+    class LLM:
+        async def collective_rpc(self, method, args):
+            loaded.append((method, args))
+
+    engine = SimpleNamespace(_shards={}, llm=LLM())
+    both = {r: [weight_sync.pack_tensor(n, partitions(model.whole[n], 2)[r]) for n in ("weight", "bias")]
+            for r in (0, 1)}
+    import asyncio
+
+    asyncio.run(OppoRolloutActor.load_shards(engine, 1, 2, shapes, both[1]))
+    assert loaded == [] and list(engine._shards) == [1]  # the engine stays paused: half a state dict
+    asyncio.run(OppoRolloutActor.load_shards(engine, 0, 2, shapes, both[0]))
+    (method, (payload, *_)), = loaded
+    assert method == "update_weight" and payload["tag"] == weight_sync.PAYLOAD_TAG and engine._shards == {}
+    weights = dict(weight_sync.unpack_tensor(item) for item in payload["weights"])
+    assert weights.keys() == model.whole.keys() and all(torch.equal(weights[k], model.whole[k]) for k in weights)
+
+
+def test_a_parameter_without_a_zero3_partition_is_named(fakes, one_rank, sync_buffer):
+    sync_buffer("shards")
+    with pytest.raises(RuntimeError, match=r"background_sync_buffer shards sends each rank's ZeRO-3 partition, "
+                                           r"but weight has no partition \(--ds\.zero_stage 3\?\)"):
+        background_sync.start_sync(make_trainer(fakes, torch.nn.Linear(3, 2)))
+
+
+def test_the_driver_takes_every_ranks_loads_and_names_a_missing_actor_swap():
     assert background_sync.engine_loads([["load 0", "load 1"], [], []]) == ["load 0", "load 1"]
+    assert background_sync.engine_loads([["a 0", "a 1"], ["b 0", "b 1"]]) == ["a 0", "a 1", "b 0", "b 1"]
     with pytest.raises(RuntimeError, match=r"OpenRLHF's own PolicyModelActor \(trainer\.patch_driver swaps it"):
         background_sync.engine_loads([None, None])  # OpenRLHF's actor returns nothing
 

@@ -271,8 +271,28 @@ def test_a_host_sync_buffer_is_refused_with_rays_collective_and_named(capsys):
         check_flags(rest, cfg)
     with pytest.raises(SystemExit):
         parse(["--oppo.staleness.background_sync_buffer", "disk"])
-    assert "--oppo.staleness.background_sync_buffer: invalid choice: 'disk' (choose from 'device', 'host')" in \
-        capsys.readouterr().err
+    assert "--oppo.staleness.background_sync_buffer: invalid choice: 'disk' (choose from 'device', 'host', " \
+           "'shards')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "refused"), [
+    (["--ds.zero_stage", "3"], None),
+    ([], r"needs --ds\.zero_stage 3 \(got 2 \(OpenRLHF's default\)\)"),
+    (["--ds.zero_stage", "2"], r"needs --ds\.zero_stage 3 \(got 2\)"),
+    (["--ds.zero_stage", "3", "--ds.tensor_parallel_size", "2"],
+     r"cannot be combined with --ds\.tensor_parallel_size 2: AutoTP's sliced layers are not ZeRO-3 partitions"),
+    (["--ds.zero_stage", "3", "--vllm.sync_with_ray"], r"cannot be combined with --vllm\.sync_with_ray"),
+], ids=["zero3", "default-stage", "zero2", "autotp", "ray-collective"])
+def test_a_sharded_sync_buffer_needs_zero3_partitions_and_openrlhfs_nccl_group(flags, refused):
+    from openrlhf_oppo.cli.train_ppo_ray import check_flags, parse
+
+    cfg, rest = parse(["--oppo.staleness.background_sync", "true", "--oppo.staleness.background_sync_buffer",
+                       "shards", *LAG2, *flags])
+    if refused is None:
+        check_flags(rest, cfg)
+        return
+    with pytest.raises(ValueError, match=r"--oppo\.staleness\.background_sync_buffer shards " + refused):
+        check_flags(rest, cfg)
 
 
 REFUSALS = [  # (flag and value, text of the refusal, flags beside it)
