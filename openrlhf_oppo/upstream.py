@@ -120,6 +120,11 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor.broadcast_to_vllm", "subclassed", "integrations.runtime.background_sync"),
     _T("openrlhf.trainer.ray.launcher.RayActorGroup.async_run_method", "called", "integrations.runtime.trainer"),
     _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.update_weight", "called", "integrations.runtime.rollout"),
+    # its shards (--oppo.staleness.background_sync_buffer shards): every actor rank and engine worker in one group
+    _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap", "subclassed", "integrations.runtime.worker_ext"),
+    _T("openrlhf.trainer.ray.vllm_engine.RolloutRayActor.init_process_group", "called",
+       "integrations.runtime.background_sync"),
+    _T("openrlhf.utils.distributed_util.stateless_init_process_group", "called", "integrations.runtime.background_sync"),
 )
 
 

@@ -185,3 +185,66 @@ def test_the_gpu_sender_broadcasts_the_buffer_as_gathered_while_the_trainer_upda
     torch.cuda.synchronize()
     assert loads == ["load"] and Engine.receive_weights.metas == [("w", torch.float32, (4096, 4096))]
     assert len(received) == 1 and received[0].is_cuda and torch.equal(received[0], expected)
+
+
+@pytest.mark.gpu
+def test_the_gpu_shard_sender_sends_each_partition_to_every_engine_worker_as_copied(one_rank):
+    """NcclShardSender on a CUDA device with a recording group of this rank and two engine workers:
+    each partition goes point to point to both workers, inside one NCCL group call, on the sender's
+    stream, with the value it had when the trainer copied it."""
+    calls: list = []
+
+    class Group:
+        world_size = 3  # this rank, then the engines' two workers
+
+        def group_start(self):
+            calls.append("start")
+
+        def send(self, tensor, dst, stream):
+            assert stream == torch.cuda.current_stream()
+            calls.append((dst, tensor.clone()))
+
+        def group_end(self):
+            calls.append("end")
+
+    engine = SimpleNamespace(receive_shards=SimpleNamespace(remote=lambda metas, senders: ("load", metas, senders)))
+    owner = SimpleNamespace(vllm_engines=[engine])
+    shard = torch.randn(1 << 20, device="cuda")
+    expected = shard.clone()
+    sender = background_sync.NcclShardSender(owner, Group())
+    sender.add("w", shard, (1024, 1024))
+    loads, thread = sender.start()
+    shard.mul_(3.0)  # the next step writes the partition, on the trainer's stream
+    thread.join(60)
+    torch.cuda.synchronize()
+    assert loads == [("load", [("w", torch.float32, (1024, 1024), 1 << 20)], 1)]
+    assert [c if isinstance(c, str) else c[0] for c in calls] == ["start", 1, 2, "end"]
+    assert all(torch.equal(c[1], expected) for c in calls if not isinstance(c, str))
+
+
+@pytest.mark.gpu
+def test_an_engine_worker_reassembles_every_ranks_partition_and_loads_the_parameter():
+    """`OppoWorkerWrap.receive_shards` with a group whose receives hand out two ranks' partitions of a
+    5 x 3 weight (8 elements each, the last one padded): the worker loads the whole weight."""
+    from openrlhf_oppo.integrations.runtime.worker_ext import OppoWorkerWrap
+
+    whole = torch.arange(15.0, device="cuda").view(5, 3)
+    parts = list(torch.cat([whole.flatten(), whole.new_zeros(1)]).split(8))
+    loaded: list = []
+
+    class Group:
+        def group_start(self):
+            pass
+
+        def recv(self, tensor, src, stream):
+            tensor.copy_(parts[src])
+
+        def group_end(self):
+            pass
+
+    worker = SimpleNamespace(_model_update_group=Group(), model_config=SimpleNamespace(dtype=torch.float32),
+                             model_runner=SimpleNamespace(model=SimpleNamespace(
+                                 load_weights=lambda weights: loaded.extend((n, w.clone()) for n, w in weights))))
+    OppoWorkerWrap.receive_shards(worker, [("w", torch.float32, (5, 3), 8)], 2)
+    (name, weight), = loaded
+    assert name == "w" and torch.equal(weight, whole)
