@@ -103,7 +103,7 @@ class NcclSender:
             else:
                 group.broadcast(tensor, src=0, stream=stream)
 
-        return loads, _start_sending(loads, [t for _, t in buffer], broadcast)
+        return loads, _start_sending([t for _, t in buffer], broadcast, lambda: _cancel(loads))
 
 
 class CpuShardSender:
@@ -134,7 +134,10 @@ class NcclShardSender:
     they live (1/ranks of the weights); `start` has rank 0 call each engine's `receive_shards`, and
     every rank send its partitions point to point to every engine worker of `shard_group`'s group,
     from a thread on a stream of its own. The workers (`worker_ext.OppoWorkerWrap`) take every rank's
-    partition of a parameter, reassemble it and load it."""
+    partition of a parameter, reassemble it and load it. A send that fails cancels the engines' calls
+    on rank 0; another rank has no handle on them and kills the engines instead, whose workers would
+    wait for its partitions forever: the sync's loads fail and the run stops, to resume from its
+    last checkpoint, instead of hanging."""
 
     def __init__(self, owner, group) -> None:
         self.owner, self.group, self.metas, self.buffer = owner, group, [], []
@@ -144,10 +147,10 @@ class NcclShardSender:
         self.buffer.append(shard.detach().clone())  # on the trainer's stream: before the next step writes it
 
     def start(self) -> tuple[list, threading.Thread]:
-        senders, group = torch.distributed.get_world_size(), self.group
+        senders, group, engines = torch.distributed.get_world_size(), self.group, self.owner.vllm_engines
         loads = []
         if torch.distributed.get_rank() == 0:
-            loads = [engine.receive_shards.remote(self.metas, senders) for engine in self.owner.vllm_engines]
+            loads = [engine.receive_shards.remote(self.metas, senders) for engine in engines]
 
         def scatter(shard, stream) -> None:
             group.group_start()
@@ -155,13 +158,24 @@ class NcclShardSender:
                 group.send(shard, dst, stream)
             group.group_end()
 
-        return loads, _start_sending(loads, self.buffer, scatter)
+        def fail() -> None:
+            _cancel(loads)
+            for engine in [] if loads else engines:
+                ray.kill(engine)
+
+        return loads, _start_sending(self.buffer, scatter, fail)
 
 
-def _start_sending(loads: list, buffer: list, send) -> threading.Thread:
+def _cancel(refs: list) -> None:
+    for ref in refs:
+        ray.cancel(ref)
+
+
+def _start_sending(buffer: list, send, fail) -> threading.Thread:
     """A thread that calls `send(tensor, stream)` on each tensor of `buffer` in order (a host one staged
     to this GPU first), on a CUDA stream of its own that waits for what the trainer's stream has
-    queued so far (the buffer's copies). A failure cancels `loads`: the engines would wait forever."""
+    queued so far (the buffer's copies). On a failure it prints it and calls `fail()`, which must end
+    the engines' loads: they would wait for the rest forever."""
     copied = torch.cuda.Event()
     copied.record()
     stream = torch.cuda.Stream()
@@ -177,8 +191,7 @@ def _start_sending(loads: list, buffer: list, send) -> threading.Thread:
                 stream.synchronize()
         except BaseException:
             traceback.print_exc()
-            for ref in loads:
-                ray.cancel(ref)
+            fail()
 
     thread = threading.Thread(target=run, name="oppo-weight-send", daemon=True)
     thread.start()

@@ -219,6 +219,42 @@ def test_the_async_preset_is_openrlhfs_async_layout_on_one_8_gpu_node():
     preflight.check_config(args, [], oppo=True)
 
 
+QWEN_72B = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8192, "num_hidden_layers": 80,
+            "num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 29568, "vocab_size": 152064,
+            "tie_word_embeddings": False}
+
+
+def test_the_72b_async_preset_is_the_simulators_layout_and_fits_as_its_comment_says(tmp_path, monkeypatch, capsys):
+    """configs/cluster/qwen2.5-72b-async-64gpu.yaml: vLLM on one node (4 engines x TP 2), the DeepSpeed
+    models on 56 GPUs, the sharded background sync; the memory check (with Qwen2.5-72B's config.json
+    for the actor and the reward model) prints the total its comment gives."""
+    import json
+
+    from openrlhf_oppo import run_env
+    from openrlhf_oppo.integrations.launch import preflight
+
+    cfg, rest = driver.parse(["--config", str(REPO / "configs" / "cluster" / "qwen2.5-72b-async-64gpu.yaml")])
+    driver.check_flags(rest, cfg)
+    args = openrlhf_parse(driver.openrlhf_argv(rest, cfg))
+    assert args["train.colocate_all"] and args["train.async_enable"] and cfg.staleness.max_policy_lag == 2
+    assert cfg.staleness.background_sync and cfg.staleness.background_sync_buffer == "shards"
+    assert gpus_reserved(args) == 64 and args["vllm.num_engines"] * args["vllm.tensor_parallel_size"] == 8
+    assert args["actor.num_nodes"] * args["actor.num_gpus_per_node"] == 56
+    assert args["train.batch_size"] % (56 * args["train.micro_batch_size"]) == 0
+    for name in ("actor", "reward"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(QWEN_72B))
+    monkeypatch.setenv(run_env.DEVICE_MEMORY_GB, "141")
+    from openrlhf_oppo import config as oppo_config
+
+    preflight.check_config({**args, "actor.model_name_or_path": str(tmp_path / "actor"),
+                            "reward.model_name_or_path": str(tmp_path / "reward")}, oppo_config.to_cli_args(cfg),
+                           oppo=True)
+    comment = (REPO / "configs" / "cluster" / "qwen2.5-72b-async-64gpu.yaml").read_text()
+    total = re.search(r"= ([\d.]+) GB of 141", comment)[1]
+    assert f"{total} of 141.0 GB per GPU" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("path", ["README.md", "docs/quickstart.md", "examples/scripts/train_oppo_multinode.sh",
                                   "examples/scripts/train_oppo_slurm.sh"])
 def test_a_head_started_for_other_machines_serves_its_dashboard_beyond_loopback(path):

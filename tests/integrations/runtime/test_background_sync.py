@@ -223,6 +223,31 @@ def test_the_gpu_shard_sender_sends_each_partition_to_every_engine_worker_as_cop
 
 
 @pytest.mark.gpu
+def test_a_send_failing_on_a_rank_without_the_engines_calls_kills_the_engines(one_rank, monkeypatch):
+    """Rank 1 has no handle on the engines' `receive_shards` calls, whose workers would wait for its
+    partitions forever: a failed send kills the engines, so the sync's loads fail and the run stops."""
+    killed = []
+
+    class Group:
+        world_size = 3
+
+        def group_start(self):
+            pass
+
+        def send(self, tensor, dst, stream):
+            raise RuntimeError("NCCL error: unhandled system error")
+
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 1)
+    monkeypatch.setattr(background_sync.ray, "kill", killed.append)
+    owner = SimpleNamespace(vllm_engines=["engine 0", "engine 1"])
+    sender = background_sync.NcclShardSender(owner, Group())
+    sender.add("w", torch.randn(16, device="cuda"), (4, 4))
+    loads, thread = sender.start()
+    thread.join(60)
+    assert loads == [] and killed == ["engine 0", "engine 1"]
+
+
+@pytest.mark.gpu
 def test_an_engine_worker_reassembles_every_ranks_partition_and_loads_the_parameter():
     """`OppoWorkerWrap.receive_shards` with a group whose receives hand out two ranks' partitions of a
     5 x 3 weight (8 elements each, the last one padded): the worker loads the whole weight."""
