@@ -75,6 +75,16 @@ def test_openrlhf_placed_the_run_as_its_async_mode_and_oppos_trainer_ran_it(lag_
     assert "OppoPPOTrainerImpl pid=" in log and "PPOTrainerAsync pid=" not in log
 
 
+def _check_the_last_probe_holds_the_saved_actor(run, teacher_forced, logprob_atol) -> None:
+    """The last probe's logprobs are the saved actor's (within the tolerance) and not the initial one's."""
+    last = run.probes()[-1]
+    chosen, _, _ = teacher_forced(run.root / "model", last)
+    initial, _, _ = teacher_forced(run.assets / "actor", last)
+    trained_err = (chosen - torch.tensor(last["logprobs"])).abs().max()
+    initial_err = (initial - torch.tensor(last["logprobs"])).abs().max()
+    assert trained_err < logprob_atol < initial_err and initial_err > 3 * trained_err
+
+
 def test_a_background_sync_lands_every_version_before_the_engines_decode_on(train_runs, teacher_forced, logprob_atol):
     """The trainer waited for the gather only; the engines resumed once loaded (one landing per sync,
     beside the driver's spans), and the last probe, decoded after the last landing, holds the saved
@@ -92,12 +102,7 @@ def test_a_background_sync_lands_every_version_before_the_engines_decode_on(trai
     assert len(paused) == 4 and sum(paused[1:]) > 0  # a sync's pause ends when its loads land: the next step's
     for sync, landing in zip(sorted(syncs, key=lambda r: r["t0"]), sorted(landings, key=lambda r: r["t0"])):
         assert sync["t0"] <= landing["t0"] <= sync["t1"] + 1.0  # started as the trainer was released
-    last = probes[-1]
-    chosen, _, _ = teacher_forced(run.root / "model", last)
-    initial, _, _ = teacher_forced(run.assets / "actor", last)
-    trained_err = (chosen - torch.tensor(last["logprobs"])).abs().max()
-    initial_err = (initial - torch.tensor(last["logprobs"])).abs().max()
-    assert trained_err < logprob_atol < initial_err and initial_err > 3 * trained_err
+    _check_the_last_probe_holds_the_saved_actor(run, teacher_forced, logprob_atol)
 
 
 def test_a_run_with_the_sync_in_the_background_resumes_from_its_checkpoint_losing_nothing(
@@ -143,9 +148,4 @@ def test_a_sharded_background_sync_reassembles_two_ranks_partitions_in_the_engin
     assert len(timeline.stage_spans(rows, "sync", "landing")) == len(timeline.stage_spans(rows, "driver",
                                                                                               "weight_sync")) == 2
     assert len({r["pid"] for r in timeline.stage_spans(rows, "actor", "weight_sync")}) == 2  # both ranks sent
-    last = probes[-1]
-    chosen, _, _ = teacher_forced(run.root / "model", last)
-    initial, _, _ = teacher_forced(run.assets / "actor", last)
-    trained_err = (chosen - torch.tensor(last["logprobs"])).abs().max()
-    initial_err = (initial - torch.tensor(last["logprobs"])).abs().max()
-    assert trained_err < logprob_atol < initial_err and initial_err > 3 * trained_err
+    _check_the_last_probe_holds_the_saved_actor(run, teacher_forced, logprob_atol)

@@ -83,22 +83,19 @@ def test_a_background_sync_buffer_is_counted_as_the_actors_whole_bf16_weights(tm
     assert "72.3 of 80.0 GB per GPU" in capsys.readouterr().out
 
 
-def test_a_host_buffer_leaves_only_the_largest_parameter_on_the_gpu(tmp_path, gpu_80gb, capsys):
+@pytest.mark.parametrize(("buffer", "total"), [
     # the async layout above plus the embedding, 2 B x 3,584 x 152,064 = 1.09 GB: 57.06 + 1.09 = 58.15 GB
+    ("host", "58.1"),
+    # plus 1/8 of 2 B x 7.62e9 parameters, 1.90 GB: 57.06 + 1.90 = 58.96 GB
+    ("shards", "59.0"),
+])
+def test_a_host_or_sharded_buffer_leaves_the_gpu_a_parameter_or_its_partition(tmp_path, gpu_80gb, capsys, buffer,
+                                                                             total):
     flags = {**make_layout(tmp_path), "train.async_enable": True, "vllm.gpu_memory_utilization": 0.95}
     preflight.check_config(flags, ["--oppo.streaming.kv_budget_tokens", "65536", "--oppo.staleness.max_policy_lag",
                                    "2", "--oppo.staleness.background_sync", "true",
-                                   "--oppo.staleness.background_sync_buffer", "host"], oppo=True)
-    assert "58.1 of 80.0 GB per GPU" in capsys.readouterr().out
-
-
-def test_a_sharded_buffer_leaves_each_gpu_its_own_partition(tmp_path, gpu_80gb, capsys):
-    # the async layout above plus 1/8 of 2 B x 7.62e9 parameters, 1.90 GB: 57.06 + 1.90 = 58.96 GB
-    flags = {**make_layout(tmp_path), "train.async_enable": True, "vllm.gpu_memory_utilization": 0.95}
-    preflight.check_config(flags, ["--oppo.streaming.kv_budget_tokens", "65536", "--oppo.staleness.max_policy_lag",
-                                   "2", "--oppo.staleness.background_sync", "true",
-                                   "--oppo.staleness.background_sync_buffer", "shards"], oppo=True)
-    assert "59.0 of 80.0 GB per GPU" in capsys.readouterr().out
+                                   "--oppo.staleness.background_sync_buffer", buffer], oppo=True)
+    assert f"{total} of 80.0 GB per GPU" in capsys.readouterr().out
 
 
 def test_a_budget_too_large_for_what_vllm_leaves_is_refused_with_the_budget_that_fits(tmp_path, gpu_80gb):
