@@ -206,7 +206,8 @@ def _roofline(cfg: SimConfig) -> CostModel:
     gather_s = actor.weight_bytes / (gather * e.link_efficiency)
     gather_call_s = e.forward_overhead_s + gather_s  # a call + a ZeRO-3 gather
     # OpenRLHF's sync gathers each parameter (ZeRO-3), then broadcasts it: the two in turn
-    sync_s = e.weight_sync_base_s + gather_s + actor.weight_bytes / (link * e.link_efficiency)
+    broadcast_s = actor.weight_bytes / (link * e.link_efficiency)
+    sync_s = e.weight_sync_base_s + gather_s + broadcast_s
     # the trainer's share of a background sync: a call and the gather; into host memory, each gathered
     # parameter copied to the host beside the next gather; in shards, each rank's copy of its partition,
     # then every engine device takes the whole weights from the actor's ranks, each of which sends its
@@ -219,7 +220,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
     elif buffer == "shards":
         sync_gather_s = e.forward_overhead_s + actor.weight_bytes / (ranks * bw)
         fan_out = max(1.0, s.engines * tp / ranks)  # the senders' links, else the engine devices', bound it
-        sharded_sync_s = e.weight_sync_base_s + fan_out * actor.weight_bytes / (link * e.link_efficiency)
+        sharded_sync_s = e.weight_sync_base_s + fan_out * broadcast_s
     return CostModel(
         stream_call_s=gather_call_s,
         ahead_call_s=e.forward_overhead_s,
