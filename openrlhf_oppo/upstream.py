@@ -77,6 +77,10 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.trainer.ray.ppo_actor.PolicyModelActor.broadcast_to_vllm", "wrapped", "integrations.runtime.timeline_hooks"),
     _T("openrlhf.trainer.ray.ppo_critic.CriticModelActor.forward", "wrapped", "integrations.runtime.timeline_hooks"),
     _T("openrlhf.trainer.ray.ppo_critic.CriticModelActor.fit", "wrapped", "integrations.runtime.timeline_hooks"),
+    # length-bucketed training micro-batches (integrations.runtime.micro_batches), OPPO's runs
+    _T("openrlhf.trainer.ray.ppo_actor.iter_grad_accum_global_norm", "wrapped", "integrations.runtime.micro_batches"),
+    _T("openrlhf.trainer.ray.ppo_critic.iter_grad_accum_global_norm", "wrapped", "integrations.runtime.micro_batches"),
+    _T("openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer.collate_fn", "called", "integrations.runtime.micro_batches"),
     # seeded samples for same-sample comparisons (integrations.runtime.seeding, compat layer)
     _T("openrlhf.trainer.ppo_utils.samples_generator.SamplingParams", "patched", "integrations.runtime.seeding"),
     _T("openrlhf.trainer.ppo_trainer.prepare_datasets", "patched", "integrations.runtime.seeding"),

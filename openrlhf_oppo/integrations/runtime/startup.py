@@ -10,6 +10,8 @@ module that owns its patches; nothing is patched until the target module is impo
     compat.patches.PATCHES       OPPO_COMPAT=1 (no CUDA)    the CPU workarounds (each gated on CUDA absence)
     runtime.seeding.PATCHES      always                     seeded rollouts under --train.full_determinism_enable
     runtime.timeline_hooks.PATCHES  OPPO_TIMELINE_DIR set   timeline spans of OpenRLHF's stages
+    runtime.micro_batches.PATCHES   an OPPO run's config    length-bucketed training micro-batches
+                                    with train.length_buckets
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 from openrlhf_oppo import run_env
 from openrlhf_oppo.compat import caches, env, patches
 from openrlhf_oppo.hooks import Patch, install_hooks
-from openrlhf_oppo.integrations.runtime import seeding, timeline_hooks
+from openrlhf_oppo.integrations.runtime import micro_batches, seeding, timeline_hooks
 
 
 def patch_lists(environ: Mapping[str, str] | None = None) -> list[tuple[Patch, ...]]:
@@ -31,6 +33,8 @@ def patch_lists(environ: Mapping[str, str] | None = None) -> list[tuple[Patch, .
     lists.append(seeding.PATCHES)
     if run_env.path(run_env.TIMELINE_DIR, environ):
         lists.append(timeline_hooks.PATCHES)
+    if micro_batches.enabled(environ):
+        lists.append(micro_batches.PATCHES)
     return lists
 
 

@@ -5,13 +5,15 @@ imported. Which patches a process gets is `integrations.runtime.startup`'s decis
 
     OPPO_COMPAT=1          the CPU compat layer (openrlhf_oppo.compat), where CUDA is absent
     OPPO_TIMELINE_DIR=...  timeline spans of OpenRLHF's stages (integrations.runtime.timeline_hooks)
-    either                 also the build-lock stamps (compat.caches) and seeded rollouts
+    OPPO_CONFIG_JSON=...   an OPPO run: its length-bucketed micro-batches (integrations.runtime.micro_batches)
+    any of them            also the build-lock stamps (compat.caches) and seeded rollouts
                            (integrations.runtime.seeding), on any hardware
 """
 
 import os
 
-if os.environ.get("OPPO_COMPAT") == "1" or os.environ.get("OPPO_TIMELINE_DIR"):  # run_env.COMPAT, run_env.TIMELINE_DIR
+# run_env.COMPAT, run_env.TIMELINE_DIR, run_env.CONFIG_JSON
+if os.environ.get("OPPO_COMPAT") == "1" or os.environ.get("OPPO_TIMELINE_DIR") or os.environ.get("OPPO_CONFIG_JSON"):
     try:
         from openrlhf_oppo.integrations.runtime import startup
 

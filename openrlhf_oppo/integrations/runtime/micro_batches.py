@@ -1,0 +1,115 @@
+"""Length-bucketed training micro-batches: a straggler pads only beside other long samples.
+
+OpenRLHF 0.11.2 trains the actor and the critic on micro-batches drawn from a shuffled
+replay buffer and right-padded to their longest sample (without `--ds.packing_samples`,
+which needs flash-attention). One 1,024-token straggler then makes its whole micro-batch
+cost 1,024 tokens a sample. Its loss is one mean over each optimizer step's window of
+micro-batches (`iter_grad_accum_global_norm`: every token of the window divided by the
+window's global token count), so how a window's samples are grouped into micro-batches does
+not change the gradient, only the padding.
+
+With `--oppo.train.length_buckets` (default on) this module keeps OpenRLHF's shuffled
+draw of each window's samples (the same samples per optimizer step, the same random
+stream) and regroups them: the window's samples sorted by length, cut into micro-batches
+of the same size. For equal-size groups that is the grouping with the least padding.
+
+Installed by the site hook in the actor and critic processes of an OPPO run
+(`integrations.runtime.startup`): the `ppo_actor` and `ppo_critic` modules'
+`iter_grad_accum_global_norm` is wrapped. Left as it was with packing or dynamic batches
+(no padding to save) and for any iterable that is not a replay buffer's DataLoader.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+
+from openrlhf_oppo import run_env
+from openrlhf_oppo.hooks import Patch
+from openrlhf_oppo.upstream import OPENRLHF_VERSION
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """The run is OPPO's (its config is in the environment) and asks for length buckets."""
+    raw = run_env.config_json(environ)
+    return raw is not None and bool(json.loads(raw).get("train", {}).get("length_buckets", True))
+
+
+def regroup(batches: Iterable[list[int]], lengths: list[int], window: int) -> Iterator[list[int]]:
+    """`batches` (lists of sample indices, as a DataLoader's batch sampler draws them) regrouped
+    window by window: each run of `window` batches becomes as many batches of the same sizes,
+    holding the same samples sorted by `lengths` (shortest first). A trailing partial window
+    is regrouped alike."""
+    pending: list[list[int]] = []
+    for batch in batches:
+        pending.append(list(batch))
+        if len(pending) == window:
+            yield from _sorted_window(pending, lengths)
+            pending = []
+    if pending:
+        yield from _sorted_window(pending, lengths)
+
+
+def _sorted_window(batches: list[list[int]], lengths: list[int]) -> Iterator[list[int]]:
+    order = sorted((i for batch in batches for i in batch), key=lambda i: lengths[i])
+    start = 0
+    for batch in batches:
+        yield order[start:start + len(batch)]
+        start += len(batch)
+
+
+def padded_tokens(batches: Iterable[list[int]], lengths: list[int]) -> int:
+    """Tokens the batches cost right-padded: each batch's size x its longest sample."""
+    return sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+
+
+def bucketed(data_iter, accumulated_gradient: int) -> Iterator:
+    """The collated micro-batches of `data_iter` (OpenRLHF's tqdm over its replay buffer's
+    DataLoader) in length-bucketed order; the progress bar advances a micro-batch at a time."""
+    import torch
+
+    loader = getattr(data_iter, "iterable", data_iter)
+    buffer = loader.dataset
+    lengths = [item.sequences.shape[-1] for item in buffer.items]
+    # drawn as iterating the loader draws them: torch takes the iterator's base seed from the
+    # loader's generator before the sampler's first draw, so each window holds the same samples
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    pin = loader.pin_memory and torch.cuda.is_available()
+    for batch in regroup(loader.batch_sampler, lengths, max(int(accumulated_gradient), 1)):
+        experience = loader.collate_fn([buffer[i] for i in batch])
+        yield experience.pin_memory() if pin else experience
+        if data_iter is not loader:
+            data_iter.update(1)
+    if data_iter is not loader:
+        data_iter.close()
+
+
+def _bucketable(data_iter) -> bool:
+    from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
+    from torch.utils.data import DataLoader
+
+    loader = getattr(data_iter, "iterable", data_iter)
+    return (isinstance(loader, DataLoader) and isinstance(loader.dataset, NaiveReplayBuffer)
+            and not loader.dataset.packing_samples and not loader.dataset.dynamic_batch
+            and loader.batch_sampler is not None)
+
+
+def wrap_iter_grad_accum(module) -> None:
+    """`module.iter_grad_accum_global_norm(data_iter, strategy, accumulated_gradient, mask_fn)`
+    fed the bucketed micro-batches: its windows, and so its loss normalisers, are unchanged."""
+    original = module.iter_grad_accum_global_norm
+
+    def iter_grad_accum_global_norm(data_iter, strategy, accumulated_gradient, mask_fn):
+        if _bucketable(data_iter):
+            data_iter = bucketed(data_iter, accumulated_gradient)
+        return original(data_iter, strategy, accumulated_gradient, mask_fn)
+
+    iter_grad_accum_global_norm.__wrapped__ = original
+    module.iter_grad_accum_global_norm = iter_grad_accum_global_norm
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("length_buckets_actor", "openrlhf.trainer.ray.ppo_actor", wrap_iter_grad_accum, f"openrlhf {OPENRLHF_VERSION}"),
+    Patch("length_buckets_critic", "openrlhf.trainer.ray.ppo_critic", wrap_iter_grad_accum,
+          f"openrlhf {OPENRLHF_VERSION}"),
+)

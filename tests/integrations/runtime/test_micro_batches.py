@@ -1,0 +1,123 @@
+"""Length-bucketed training micro-batches (integrations.runtime.micro_batches), on OpenRLHF
+0.11.2's own replay buffer, DataLoader set-up, window normaliser and loss aggregation."""
+
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from openrlhf.models.loss import aggregate_loss
+from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
+from openrlhf.utils import loss_utils
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from openrlhf_oppo import run_env
+from openrlhf_oppo.integrations.runtime import micro_batches, startup
+
+PROMPT = 2
+VOCAB = 11
+
+
+def test_regroup_sorts_each_window_and_keeps_batch_sizes():
+    lengths = [5, 1, 9, 3, 7, 2, 8, 4]
+    batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    out = list(micro_batches.regroup(batches, lengths, window=2))
+    # window 1 holds samples 0-3 (lengths 5 1 9 3), window 2 samples 4-7 (7 2 8 4)
+    assert out == [[1, 3], [0, 2], [5, 7], [4, 6]]
+    # padded: 2x5 + 2x9 + 2x7 + 2x8 = 58 before, 2x3 + 2x9 + 2x4 + 2x8 = 48 after
+    assert micro_batches.padded_tokens(batches, lengths) == 58
+    assert micro_batches.padded_tokens(out, lengths) == 48
+
+
+def test_regroup_keeps_a_trailing_partial_window_and_uneven_batches():
+    lengths = [4, 1, 3, 2, 9]
+    out = list(micro_batches.regroup([[0, 1, 2], [3], [4]], lengths, window=2))
+    assert out == [[1, 3, 2], [0], [4]]  # lengths 1 2 3 | 4 | 9
+
+
+def test_enabled_reads_the_oppo_config_in_the_environment():
+    assert not micro_batches.enabled({})
+    assert micro_batches.enabled({run_env.CONFIG_JSON: json.dumps({})})  # the default is on
+    assert not micro_batches.enabled({run_env.CONFIG_JSON: json.dumps({"train": {"length_buckets": False}})})
+    assert micro_batches.PATCHES in startup.patch_lists({run_env.CONFIG_JSON: "{}"})
+    assert micro_batches.PATCHES not in startup.patch_lists({})
+
+
+def _buffer(responses: list[int], seed: int = 0) -> NaiveReplayBuffer:
+    g = torch.Generator().manual_seed(seed)
+    buffer = NaiveReplayBuffer(sample_batch_size=2, cpu_offload=True)
+    for n in responses:
+        t = PROMPT + n
+        buffer.items.append(Experience(
+            sequences=torch.randint(0, VOCAB, (t,), generator=g), attention_mask=torch.ones(t, dtype=torch.long),
+            action_mask=torch.ones(n, dtype=torch.bool), advantages=torch.randn(n, generator=g),
+            total_length=torch.tensor(t), response_length=torch.tensor(n)))
+    return buffer
+
+
+def _epoch(buffer: NaiveReplayBuffer, module, gas: int, seed: int) -> list:
+    """One epoch as OpenRLHF 0.11.2's `ppo_train` runs it: a shuffled DataLoader over the replay
+    buffer, in a progress bar, through `module.iter_grad_accum_global_norm`."""
+    torch.manual_seed(seed)
+    loader = DataLoader(buffer, batch_size=buffer.sample_batch_size, shuffle=True, drop_last=True,
+                        collate_fn=buffer.collate_fn)
+    pbar = tqdm(loader, file=io.StringIO())  # rank 0's bar
+    out = list(module.iter_grad_accum_global_norm(pbar, None, gas, lambda e: e.action_mask))
+    assert pbar.n == len(loader)
+    return out
+
+
+def _gradient(micro: list) -> torch.Tensor:
+    """The gradient of a token-level policy-gradient loss over the epoch, each micro-batch's loss
+    aggregated by OpenRLHF's `aggregate_loss` with its window's normalisers."""
+    weight = torch.linspace(-1, 1, VOCAB, requires_grad=True)
+    for experience, info in micro:
+        actions = experience.sequences[:, PROMPT:]
+        loss = -(experience.advantages * weight[actions])
+        aggregate_loss(loss, experience.action_mask, token_level_loss=True, **info).backward()
+    return weight.grad
+
+
+def test_openrlhf_epoch_is_regrouped_with_the_same_windows_less_padding_and_the_same_gradient():
+    responses = [3, 40, 5, 7, 90, 2, 11, 4, 60, 6, 8, 3]  # 12 samples: 3 windows of 2 micro-batches of 2
+    buffer, gas = _buffer(responses), 2
+    plain = _epoch(buffer, loss_utils, gas, seed=7)
+    module = SimpleNamespace(iter_grad_accum_global_norm=loss_utils.iter_grad_accum_global_norm)
+    micro_batches.wrap_iter_grad_accum(module)
+    bucketed = _epoch(buffer, module, gas, seed=7)
+
+    def samples(micro):
+        return [sorted(int(n) for e, _ in micro[w:w + gas] for n in e.response_length) for w in range(0, 12 // 2, gas)]
+
+    assert samples(bucketed) == samples(plain)  # every optimizer step trains the same samples
+    for (_, info_b), (_, info_p) in zip(bucketed, plain, strict=True):  # and normalises alike
+        assert float(info_b["batch_num_tokens"]) == float(info_p["batch_num_tokens"])
+    for experience, _ in bucketed:  # each micro-batch sorted within its window, padded to its longest
+        assert experience.sequences.shape[1] == PROMPT + int(experience.response_length.max())
+    width = sum(e.sequences.numel() for e, _ in bucketed)
+    assert width < sum(e.sequences.numel() for e, _ in plain)
+    assert torch.allclose(_gradient(bucketed), _gradient(plain), atol=1e-6)
+
+
+def test_packed_or_dynamic_buffers_and_other_iterables_are_left_alone():
+    module = SimpleNamespace(iter_grad_accum_global_norm=lambda data_iter, *a: list(data_iter))
+    micro_batches.wrap_iter_grad_accum(module)
+    assert module.iter_grad_accum_global_norm([3, 1, 2], None, 2, None) == [3, 1, 2]
+    buffer = _buffer([9, 1, 8, 2])
+    buffer.packing_samples = True
+    loader = DataLoader(buffer, batch_size=2, shuffle=False, collate_fn=buffer.collate_fn)
+    out = module.iter_grad_accum_global_norm(tqdm(loader, disable=True), None, 2, None)
+    assert [e.response_length.tolist() for e in out] == [[9, 1], [8, 2]]
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_the_flag_reaches_the_config(value):
+    from openrlhf_oppo import config
+
+    cfg = config.from_dict({"train": {"length_buckets": value}})
+    assert micro_batches.enabled({run_env.CONFIG_JSON: json.dumps(config.to_dict(cfg))}) is value
