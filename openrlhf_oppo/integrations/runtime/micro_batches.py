@@ -108,8 +108,8 @@ def wrap_iter_grad_accum(module) -> None:
     module.iter_grad_accum_global_norm = iter_grad_accum_global_norm
 
 
-PATCHES: tuple[Patch, ...] = (
-    Patch("length_buckets_actor", "openrlhf.trainer.ray.ppo_actor", wrap_iter_grad_accum, f"openrlhf {OPENRLHF_VERSION}"),
-    Patch("length_buckets_critic", "openrlhf.trainer.ray.ppo_critic", wrap_iter_grad_accum,
-          f"openrlhf {OPENRLHF_VERSION}"),
+PATCHES: tuple[Patch, ...] = tuple(
+    Patch(f"length_buckets_{role}", f"openrlhf.trainer.ray.ppo_{role}", wrap_iter_grad_accum,
+          f"openrlhf {OPENRLHF_VERSION}")
+    for role in ("actor", "critic")
 )
