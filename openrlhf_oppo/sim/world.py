@@ -82,6 +82,7 @@ class World:
         self.decoded_at: list[tuple[float, int]] = []
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
+        self.length_buckets = False  # training micro-batches grouped by length (OPPO's train.length_buckets)
         self._issued: tuple[float, list[Request]] = (-1.0, [])  # (time, requests made then): about to decode
 
     # ----------------------------------------------------------------- hooks (drivers override)
@@ -106,11 +107,13 @@ class World:
         self._issued = (now, (self._issued[1] if self._issued[0] == now else []) + out)
         return out
 
-    def train_tokens(self, lengths: list[int]) -> int:
-        """Tokens the training devices process for these responses (padded per micro-batch without packing)."""
+    def train_tokens(self, lengths: list[int], buckets: bool = False) -> int:
+        """Tokens the training devices process for these responses (padded per micro-batch without
+        packing; with `buckets`, micro-batches of the responses sorted by length)."""
         p, w = self.cfg.lengths.prompt_tokens, self.cfg.workload
         if w.packing:
             return sum(p + n for n in lengths)
+        lengths = sorted(lengths) if buckets else lengths
         mb = w.micro_batch_size
         return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
 
@@ -144,7 +147,7 @@ class World:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
-        train_s = c.train_s(tokens)
+        train_s = c.train_s(self.train_tokens(lengths, buckets=True) if self.length_buckets else tokens)
         end = self._train(t, train_s * self._slowed(train_s, c.phase_overhead_s, decode_end_s - t))
         self.train_busy.append((busy_from, end))
         self.loop.at(end, self._release_engines, end)

@@ -51,6 +51,14 @@ def test_oppo_run_logs_oppo_metrics_every_step(oppo_run):
     assert any(tag.endswith("oppo/delta") for tag in scalars), sorted(scalars)
 
 
+def test_the_actor_trains_length_bucketed_micro_batches(oppo_run):
+    """`--oppo.train.length_buckets` (default on) reached the actor's process: every step reports
+    the share of padded tokens its buckets saved (8 samples a step in 2 micro-batches of 4: the
+    shuffled split is already the sorted one with probability 1/35 a step)."""
+    saved = [row["oppo/padding_saved"] for row in _metrics(oppo_run)]
+    assert len(saved) == 4 and all(0.0 <= s < 1.0 for s in saved) and max(saved) > 0.0
+
+
 def test_the_pass_trains_every_prompt_exactly_once_in_openrlhfs_step_count(oppo_run):
     """One pass over the 16 prompts is OpenRLHF's one episode: 16 / B = 4 steps (its
     max_steps and LR schedule), groups carried inside the pass, none left at its end."""

@@ -28,6 +28,10 @@ from openrlhf_oppo import run_env
 from openrlhf_oppo.hooks import Patch
 from openrlhf_oppo.upstream import OPENRLHF_VERSION
 
+# the share of the padded training tokens a window's buckets saved: OpenRLHF's actor logs every
+# tensor of a micro-batch's `info` in its step's status, so it reaches the run's metrics as a key of its own
+PADDING_SAVED = "oppo/padding_saved"
+
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The run is OPPO's (its config is in the environment) and asks for length buckets."""
@@ -40,22 +44,28 @@ def regroup(batches: Iterable[list[int]], lengths: list[int], window: int) -> It
     window by window: each run of `window` batches becomes as many batches of the same sizes,
     holding the same samples sorted by `lengths` (shortest first). A trailing partial window
     is regrouped alike."""
+    for plain in _windows(batches, window):
+        yield from _sorted_window(plain, lengths)
+
+
+def _windows(batches: Iterable[list[int]], window: int) -> Iterator[list[list[int]]]:
     pending: list[list[int]] = []
     for batch in batches:
         pending.append(list(batch))
         if len(pending) == window:
-            yield from _sorted_window(pending, lengths)
+            yield pending
             pending = []
     if pending:
-        yield from _sorted_window(pending, lengths)
+        yield pending
 
 
-def _sorted_window(batches: list[list[int]], lengths: list[int]) -> Iterator[list[int]]:
+def _sorted_window(batches: list[list[int]], lengths: list[int]) -> list[list[int]]:
     order = sorted((i for batch in batches for i in batch), key=lambda i: lengths[i])
-    start = 0
+    out, start = [], 0
     for batch in batches:
-        yield order[start:start + len(batch)]
+        out.append(order[start:start + len(batch)])
         start += len(batch)
+    return out
 
 
 def padded_tokens(batches: Iterable[list[int]], lengths: list[int]) -> int:
@@ -65,7 +75,8 @@ def padded_tokens(batches: Iterable[list[int]], lengths: list[int]) -> int:
 
 def bucketed(data_iter, accumulated_gradient: int) -> Iterator:
     """The collated micro-batches of `data_iter` (OpenRLHF's tqdm over its replay buffer's
-    DataLoader) in length-bucketed order; the progress bar advances a micro-batch at a time."""
+    DataLoader) in length-bucketed order, each with `PADDING_SAVED` in its `info`; the progress
+    bar advances a micro-batch at a time."""
     import torch
 
     loader = getattr(data_iter, "iterable", data_iter)
@@ -75,11 +86,15 @@ def bucketed(data_iter, accumulated_gradient: int) -> Iterator:
     # loader's generator before the sampler's first draw, so each window holds the same samples
     torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
     pin = loader.pin_memory and torch.cuda.is_available()
-    for batch in regroup(loader.batch_sampler, lengths, max(int(accumulated_gradient), 1)):
-        experience = loader.collate_fn([buffer[i] for i in batch])
-        yield experience.pin_memory() if pin else experience
-        if data_iter is not loader:
-            data_iter.update(1)
+    for plain in _windows(loader.batch_sampler, max(int(accumulated_gradient), 1)):
+        window = _sorted_window(plain, lengths)
+        saved = 1.0 - padded_tokens(window, lengths) / padded_tokens(plain, lengths)
+        for batch in window:
+            experience = loader.collate_fn([buffer[i] for i in batch])
+            experience.info[PADDING_SAVED] = torch.full((len(batch),), saved)  # per sample: logged as their mean
+            yield experience.pin_memory() if pin else experience
+            if data_iter is not loader:
+                data_iter.update(1)
     if data_iter is not loader:
         data_iter.close()
 

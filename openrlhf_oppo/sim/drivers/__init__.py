@@ -2,8 +2,8 @@
 
 OpenRLHF's own modes (`sync`, `async`, `partial`, `oversample`, in `drivers.openrlhf`) are
 modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-async`, `oppo-async-inter`,
-`oppo-async-bg`, `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`, in `drivers.oppo`) are driven by the
-real `OverlapScheduler`. `simulate` runs one schedule; `summarize` measures a run.
+`oppo-async-bg`, `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`, `oppo-padded`, in `drivers.oppo`) are
+driven by the real `OverlapScheduler`. `simulate` runs one schedule; `summarize` measures a run.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from openrlhf_oppo.sim.presets import SimConfig
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 BASELINES = ("sync", "async", "partial", "oversample")
-OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo", "oppo-async", "oppo-async-inter", "oppo-async-bg",
-                  "oppo-eq4")
+OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo", "oppo-padded", "oppo-async", "oppo-async-inter",
+                  "oppo-async-bg", "oppo-eq4")
 SCHEDULE_NAMES = BASELINES + OPPO_SCHEDULES
 
 

@@ -101,6 +101,10 @@ def test_openrlhf_epoch_is_regrouped_with_the_same_windows_less_padding_and_the_
         assert experience.sequences.shape[1] == PROMPT + int(experience.response_length.max())
     width = sum(e.sequences.numel() for e, _ in bucketed)
     assert width < sum(e.sequences.numel() for e, _ in plain)
+    for w in range(0, len(plain), gas):  # each micro-batch reports its window's saving, as padded by collate
+        padded = [sum(e.sequences.numel() for e, _ in micro[w:w + gas]) for micro in (bucketed, plain)]
+        for e, _ in bucketed[w:w + gas]:
+            assert e.info[micro_batches.PADDING_SAVED].tolist() == pytest.approx([1 - padded[0] / padded[1]] * 2)
     assert torch.allclose(_gradient(bucketed), _gradient(plain), atol=1e-6)
 
 
