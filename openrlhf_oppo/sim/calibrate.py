@@ -33,6 +33,7 @@ import json
 import statistics
 from pathlib import Path
 
+from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import timeline
 from openrlhf_oppo.sim import fitting, presets
 
@@ -82,13 +83,14 @@ def _padded(seqs: list[int], micro_batch: int, packing: bool) -> int:
 
 def length_buckets(run: Path) -> bool:
     """Whether the run grouped its training micro-batches by length: an OPPO run (its command is
-    OPPO's entry module) without `--oppo.train.length_buckets false`."""
+    OPPO's entry module) whose `--oppo.*` flags leave `train.length_buckets` on."""
     path = run / "command.json"
     argv = json.loads(path.read_text()) if path.exists() else []
     if "openrlhf_oppo.cli.train_ppo_ray" not in argv:
         return False
-    flag = "--oppo.train.length_buckets"
-    return argv[argv.index(flag) + 1].lower() != "false" if flag in argv else True
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    oppo_config.add_cli_flags(parser)
+    return oppo_config.from_cli(parser.parse_known_args(argv)[0]).train.length_buckets
 
 
 def sync_seconds(rows: list[dict]) -> list[float]:

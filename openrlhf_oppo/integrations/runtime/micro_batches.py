@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 
+from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
 from openrlhf_oppo.hooks import Patch
 from openrlhf_oppo.upstream import OPENRLHF_VERSION
@@ -36,30 +37,24 @@ PADDING_SAVED = "oppo/padding_saved"
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The run is OPPO's (its config is in the environment) and asks for length buckets."""
     raw = run_env.config_json(environ)
-    return raw is not None and bool(json.loads(raw).get("train", {}).get("length_buckets", True))
+    return raw is not None and oppo_config.from_dict(json.loads(raw)).train.length_buckets
 
 
-def regroup(batches: Iterable[list[int]], lengths: list[int], window: int) -> Iterator[list[int]]:
-    """`batches` (lists of sample indices, as a DataLoader's batch sampler draws them) regrouped
-    window by window: each run of `window` batches becomes as many batches of the same sizes,
-    holding the same samples sorted by `lengths` (shortest first). A trailing partial window
-    is regrouped alike."""
-    for plain in _windows(batches, window):
-        yield from _sorted_window(plain, lengths)
-
-
-def _windows(batches: Iterable[list[int]], window: int) -> Iterator[list[list[int]]]:
+def regroup(batches: Iterable[list[int]], lengths: list[int], window: int) -> Iterator[tuple[list, list]]:
+    """`batches` (lists of sample indices, as a DataLoader's batch sampler draws them) window by
+    window: (the window's `window` batches as drawn, as many batches of the same sizes holding the
+    same samples sorted by `lengths`, shortest first). A trailing partial window comes alike."""
     pending: list[list[int]] = []
     for batch in batches:
         pending.append(list(batch))
         if len(pending) == window:
-            yield pending
+            yield pending, _sorted(pending, lengths)
             pending = []
     if pending:
-        yield pending
+        yield pending, _sorted(pending, lengths)
 
 
-def _sorted_window(batches: list[list[int]], lengths: list[int]) -> list[list[int]]:
+def _sorted(batches: list[list[int]], lengths: list[int]) -> list[list[int]]:
     order = sorted((i for batch in batches for i in batch), key=lambda i: lengths[i])
     out, start = [], 0
     for batch in batches:
@@ -86,8 +81,7 @@ def bucketed(data_iter, accumulated_gradient: int) -> Iterator:
     # loader's generator before the sampler's first draw, so each window holds the same samples
     torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
     pin = loader.pin_memory and torch.cuda.is_available()
-    for plain in _windows(loader.batch_sampler, max(int(accumulated_gradient), 1)):
-        window = _sorted_window(plain, lengths)
+    for plain, window in regroup(loader.batch_sampler, lengths, max(int(accumulated_gradient), 1)):
         saved = 1.0 - padded_tokens(window, lengths) / padded_tokens(plain, lengths)
         for batch in window:
             experience = loader.collate_fn([buffer[i] for i in batch])

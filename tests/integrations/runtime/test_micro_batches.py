@@ -26,7 +26,9 @@ VOCAB = 11
 def test_regroup_sorts_each_window_and_keeps_batch_sizes():
     lengths = [5, 1, 9, 3, 7, 2, 8, 4]
     batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
-    out = list(micro_batches.regroup(batches, lengths, window=2))
+    windows = list(micro_batches.regroup(batches, lengths, window=2))
+    assert [plain for plain, _ in windows] == [batches[:2], batches[2:]]  # as drawn
+    out = [b for _, bucketed in windows for b in bucketed]
     # window 1 holds samples 0-3 (lengths 5 1 9 3), window 2 samples 4-7 (7 2 8 4)
     assert out == [[1, 3], [0, 2], [5, 7], [4, 6]]
     # padded: 2x5 + 2x9 + 2x7 + 2x8 = 58 before, 2x3 + 2x9 + 2x4 + 2x8 = 48 after
@@ -36,7 +38,7 @@ def test_regroup_sorts_each_window_and_keeps_batch_sizes():
 
 def test_regroup_keeps_a_trailing_partial_window_and_uneven_batches():
     lengths = [4, 1, 3, 2, 9]
-    out = list(micro_batches.regroup([[0, 1, 2], [3], [4]], lengths, window=2))
+    out = [b for _, bucketed in micro_batches.regroup([[0, 1, 2], [3], [4]], lengths, window=2) for b in bucketed]
     assert out == [[1, 3, 2], [0], [4]]  # lengths 1 2 3 | 4 | 9
 
 
