@@ -17,7 +17,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 
 timeout "${TESTS_S:-150}" python3 -m pytest -m gpu -p no:cacheprovider -q -rA tests/models \
   tests/integrations/runtime/test_sleep_gpu.py tests/integrations/runtime/test_reference_stream.py \
-  tests/integrations/runtime/test_background_sync.py \
+  tests/integrations/runtime/test_background_sync.py tests/integrations/runtime/test_micro_batches.py \
   2>&1 | tee "$OUT/gpu-tests.log"
 
 bench() {  # name, timeout, flags...

@@ -121,6 +121,19 @@ def test_packed_or_dynamic_buffers_and_other_iterables_are_left_alone():
     assert [e.response_length.tolist() for e in out] == [[9, 1], [8, 2]]
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_bucketed_micro_batches_are_pinned_as_openrlhfs_loader_pins_them():
+    """`ppo_train` builds its DataLoader with `pin_memory` on a GPU: the regrouped micro-batches
+    are pinned too, so `experience.to_device` copies them asynchronously as before."""
+    buffer = _buffer([3, 40, 5, 7])
+    loader = DataLoader(buffer, batch_size=2, shuffle=True, drop_last=True, pin_memory=True,
+                        collate_fn=buffer.collate_fn)
+    module = SimpleNamespace(iter_grad_accum_global_norm=loss_utils.iter_grad_accum_global_norm)
+    micro_batches.wrap_iter_grad_accum(module)
+    out = list(module.iter_grad_accum_global_norm(tqdm(loader, file=io.StringIO()), None, 2, lambda e: e.action_mask))
+    assert len(out) == 2 and all(e.sequences.is_pinned() and e.advantages.is_pinned() for e, _ in out)
+
+
 @pytest.mark.parametrize("value", [True, False])
 def test_the_flag_reaches_the_config(value):
     from openrlhf_oppo import config
