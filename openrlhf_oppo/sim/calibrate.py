@@ -36,6 +36,7 @@ from pathlib import Path
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import timeline
 from openrlhf_oppo.sim import fitting, presets
+from openrlhf_oppo.sim.world import padded_tokens
 
 
 def generate_overhead(rows: list[dict]) -> float:
@@ -70,15 +71,9 @@ def step_tokens(rollouts: Path, prompt_tokens: int, micro_batch: int, packing: b
             continue
         seqs = [len(s["sequence"]) for s in json.loads(line)["samples"]]
         lengths += [max(1, n - prompt_tokens) for n in seqs]
-        experience.append(_padded(seqs, micro_batch, packing))
-        train.append(_padded(sorted(seqs) if buckets else seqs, micro_batch, packing))
+        experience.append(padded_tokens(seqs, micro_batch, packing))
+        train.append(padded_tokens(seqs, micro_batch, packing, buckets))
     return experience, train, lengths
-
-
-def _padded(seqs: list[int], micro_batch: int, packing: bool) -> int:
-    if packing:
-        return sum(seqs)
-    return sum(len(seqs[i:i + micro_batch]) * max(seqs[i:i + micro_batch]) for i in range(0, len(seqs), micro_batch))
 
 
 def length_buckets(run: Path) -> bool:

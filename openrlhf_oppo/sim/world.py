@@ -31,6 +31,16 @@ from openrlhf_oppo.sim.presets import SimConfig
 TRAIN_WORKER = 0  # the training devices draw as one worker per role
 
 
+def padded_tokens(seqs: list[int], micro_batch: int, packing: bool, buckets: bool = False) -> int:
+    """Tokens a phase processes for sequences of these lengths: their sum with packing, else each
+    micro-batch of `micro_batch` in order padded to its longest (with `buckets`: sorted by length
+    first, as OPPO's `train.length_buckets` groups them)."""
+    if packing:
+        return sum(seqs)
+    seqs = sorted(seqs) if buckets else seqs
+    return sum(len(seqs[i:i + micro_batch]) * max(seqs[i:i + micro_batch]) for i in range(0, len(seqs), micro_batch))
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One trained batch."""
@@ -108,14 +118,9 @@ class World:
         return out
 
     def train_tokens(self, lengths: list[int], buckets: bool = False) -> int:
-        """Tokens the training devices process for these responses (padded per micro-batch without
-        packing; with `buckets`, micro-batches of the responses sorted by length)."""
+        """Tokens the training devices process for these responses (`padded_tokens`)."""
         p, w = self.cfg.lengths.prompt_tokens, self.cfg.workload
-        if w.packing:
-            return sum(p + n for n in lengths)
-        lengths = sorted(lengths) if buckets else lengths
-        mb = w.micro_batch_size
-        return sum(len(lengths[i:i + mb]) * (p + max(lengths[i:i + mb])) for i in range(0, len(lengths), mb))
+        return padded_tokens([p + n for n in lengths], w.micro_batch_size, w.packing, buckets)
 
     def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
                              score_in_experience: bool, streamed: dict[str, int] | None = None) -> float:
@@ -147,7 +152,7 @@ class World:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
-        train_s = c.train_s(self.train_tokens(lengths, buckets=True) if self.length_buckets else tokens)
+        train_s = c.train_s(self.train_tokens(lengths, self.length_buckets))
         end = self._train(t, train_s * self._slowed(train_s, c.phase_overhead_s, decode_end_s - t))
         self.train_busy.append((busy_from, end))
         self.loop.at(end, self._release_engines, end)
