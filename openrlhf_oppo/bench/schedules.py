@@ -21,7 +21,10 @@ its second generation, once per run), from the TensorBoard events of tag `train/
   wall s          the whole run, process start-up included;
   reward          mean of `train/reward` over the run;
   overlap, idle, deferred  OPPO's `oppo/overlap_fraction`, `oppo/scorer_idle_fraction`,
-                  `oppo/deferred_fraction` (oppo_metrics.jsonl), median over the run's steps.
+                  `oppo/deferred_fraction` (oppo_metrics.jsonl), median over the run's steps;
+  cores busy, CPU-s / 1k tok  the CPU seconds of every process of the run over those steps
+                  (sampled into RUN_DIR/cpu.jsonl; `bench.cpu_use`), a second of wall time and a
+                  thousand trained tokens.
 Per schedule (`runs`: runs that exited 0 / runs) a figure is "median [min-max]" over its
 repeats, a failed run left out. `x <mode>` is, for every OpenRLHF mode present (sync,
 async, partial, oversample: schedules not run by openrlhf_oppo's entry module), the mode's
@@ -31,7 +34,9 @@ step s. `spread` is (max - min) / median of a schedule's mean step s over its re
 far identical runs land apart (unknown with one repeat). The verdict takes the OPPO
 schedule with the lowest mean step s, its `x sync` and `x best`, and the largest spread
 among it, sync and the best OpenRLHF mode, and says whether each ratio's min - 1 exceeds
-that spread. Writes `summary.json` (`rows`, `verdict`, `runs`); asserts nothing.
+that spread. On a host without a GPU it adds the ceiling no overlap passes there: the best
+OPPO schedule's trained tok/s with every core busy at its CPU seconds per token, over the best
+mode's. Writes `summary.json` (`rows`, `verdict`, `runs`); asserts nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from openrlhf_oppo.bench import breakdown
+from openrlhf_oppo.bench import breakdown, cpu_use
 from openrlhf_oppo.bench.table import Spread, fmt, name_width, relative_spread, spread, table_line
 from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
 
@@ -55,7 +60,8 @@ LENGTH_TAG = "train/rollout/response_length_mean"  # mean response tokens of the
 SAMPLES_TAG = "train/rollout/num_samples"  # samples trained in the step
 DEFAULT_SCHEDULES = ("sync", "async", "partial", "oversample", "oppo-intra", "oppo-inter", "oppo-fixed", "oppo")
 OPPO_KEYS = ("oppo/overlap_fraction", "oppo/scorer_idle_fraction", "oppo/deferred_fraction")
-FIGURES = ("mean_step_s", "trained_tokens_per_s", "median_step_s", "wall_s", "reward", *OPPO_KEYS)
+CPU_KEYS = ("cores_busy", "cpu_s_per_ktok")  # cpu_use.window, over the same steps
+FIGURES = ("mean_step_s", "trained_tokens_per_s", "median_step_s", "wall_s", "reward", *OPPO_KEYS, *CPU_KEYS)
 NONE3: Spread = (None, None, None)
 LEGEND = """\
 runs: runs that exited 0 / runs. Per run, over the steps after warm-up (train/policy_loss events):
@@ -69,7 +75,8 @@ Per schedule each figure is median [min-max] over its repeats (a failed run is l
   spread         (max - min) / median of mean step s over repeats: identical runs' spread (- with one repeat)
   wall s         the whole run, start-up included
   reward         mean of train/reward over the run; overlap, idle, deferred: OPPO's oppo/overlap_fraction,
-                 oppo/scorer_idle_fraction, oppo/deferred_fraction, median over the run's steps"""
+                 oppo/scorer_idle_fraction, oppo/deferred_fraction, median over the run's steps
+  (in summary.json) cores_busy, cpu_s_per_ktok: CPU seconds of the run's processes a wall second, per 1k tokens"""
 
 
 def tensorboard_scalars(tb_dir: Path) -> dict[str, list[tuple[float, int, float]]]:
@@ -114,6 +121,8 @@ def summarize_run(root: Path, warmup_steps: int = 2, scalars: dict | None = None
         "reward": statistics.fmean(v for _, _, v in scalars["train/reward"]) if scalars.get("train/reward") else None,
         "breakdown": breakdown.run_breakdown(root, walls),
     }
+    if len(walls) > 1:
+        summary.update(cpu_use.window(root / cpu_use.FILE, walls[0], walls[-1], len(step_s), tokens))
     metrics = root / "oppo_metrics.jsonl"
     if metrics.exists():
         lines = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -158,6 +167,7 @@ def report(results: dict[str, list[dict]]) -> list[dict]:
         row["x"] = {mode: _ratio(ok[mode], runs) for mode in modes}
         row["x_best"] = _ratio(ok[best], runs) if best else NONE3
         row["best"] = best
+        row["cores"] = next((r["host"]["cores"] for r in runs if r.get("host") and not r["host"].get("gpu")), None)
         rows.append(row)
     return rows
 
@@ -178,6 +188,10 @@ class Verdict:
         work_vs_best: best_oppo's response tokens trained a step / best_openrlhf's (medians of trained
             tok/s x mean step s); away from 1 by more than the spread, the two steps held unequal work
             (e.g. a policy that drifted to shorter answers) and mean step s flatters the faster one.
+        cores_busy: (best_oppo's, best_openrlhf's) cores kept busy (medians; `cpu_use`), on a host without a GPU.
+        cpu_ceiling_vs_best: on such a host, the most best_oppo could reach in trained tok/s over
+            best_openrlhf's with all the host's cores busy at its measured CPU seconds per trained token
+            (`cpu_use.ceiling`): a bound no overlap can pass.
     """
 
     best_oppo: str | None
@@ -188,6 +202,8 @@ class Verdict:
     vs_sync_beyond_spread: bool | None
     vs_best_beyond_spread: bool | None
     work_vs_best: float | None = None
+    cores_busy: tuple = (None, None)
+    cpu_ceiling_vs_best: float | None = None
 
 
 def _tokens_a_step(row: dict) -> float | None:
@@ -215,9 +231,13 @@ def verdict(rows: list[dict]) -> Verdict:
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
     work = [_tokens_a_step(by_name[s]) for s in (best_oppo, best)]
+    cores = row.get("cores")
     return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
                    _beyond(vs_sync, spread_rel), _beyond(row["x_best"], spread_rel),
-                   work[0] / work[1] if None not in work and work[1] > 0 else None)
+                   work[0] / work[1] if None not in work and work[1] > 0 else None,
+                   tuple(by_name[s].get("cores_busy", NONE3)[0] for s in (best_oppo, best)) if cores else (None, None),
+                   cpu_use.ceiling(cores, row.get("cpu_s_per_ktok", NONE3)[0],
+                                   by_name[best]["trained_tokens_per_s"][0]) if cores else None)
 
 
 def _percent(x: float | None) -> str:
@@ -261,6 +281,11 @@ def print_verdict(v: Verdict) -> None:
         unequal = v.spread is not None and abs(v.work_vs_best - 1.0) > v.spread
         print(f"  work: {v.best_oppo}'s steps held {v.work_vs_best:.2f}x the response tokens of {v.best_openrlhf}'s"
               + ("; beyond the spread, so mean step s compares unequal work: read trained tok/s" if unequal else ""))
+    if v.cpu_ceiling_vs_best is not None:
+        busy = [f"{b:.2f}" if b is not None else "-" for b in v.cores_busy]
+        print(f"  CPU: {v.best_oppo} kept {busy[0]} cores busy, {v.best_openrlhf} {busy[1]}; at its CPU seconds per "
+              f"trained token, with every core busy, {v.best_oppo} could reach at most {v.cpu_ceiling_vs_best:.2f}x "
+              f"{v.best_openrlhf}'s trained tok/s (the models share the cores: no overlap passes that)")
     if v.spread is None:
         print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)")
     else:
@@ -320,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench schedules] run {i}/{len(order)}: {schedule}: kept (finished in {root})", flush=True)
         else:
             print(f"[bench schedules] run {i}/{len(order)}: {schedule} -> {root}", flush=True)
-            run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),
-                             "--timeout-s", str(args.timeout_s), *(["--", *extra] if extra else [])])
+            with cpu_use.Sampler(root / cpu_use.FILE):
+                run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),
+                                 "--timeout-s", str(args.timeout_s), *(["--", *extra] if extra else [])])
             returncode, wall_s = run.returncode, run.wall_s
             (root / "result.json").write_text(json.dumps({"returncode": returncode, "wall_s": wall_s}))
             if (code := stopped("schedules", run, i, len(order))) is not None:
@@ -331,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = report(results)
     print_report(rows)
     breakdown.print_breakdown({s: runs[0].get("breakdown") for s, runs in results.items() if runs})
+    cpu_use.print_table({s: runs[0] for s, runs in results.items() if runs})
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"rows": rows, "verdict": asdict(verdict(rows)), "runs": results},
                                                   indent=1))

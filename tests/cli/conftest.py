@@ -120,6 +120,7 @@ def tiny_assets(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def train_runs(tmp_path_factory, tiny_assets):
     """schedule -> TrainRun, run on first request."""
+    from openrlhf_oppo.bench import cpu_use
     from openrlhf_oppo.cli.main import main
 
     cache: dict[tuple, TrainRun] = {}
@@ -132,7 +133,8 @@ def train_runs(tmp_path_factory, tiny_assets):
                     "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S)]
             if extra:
                 argv += ["--", *extra]
-            cache[key] = TrainRun(schedule, main(argv), root, tiny_assets)
+            with cpu_use.Sampler(root / cpu_use.FILE):  # as `bench schedules` samples its runs
+                cache[key] = TrainRun(schedule, main(argv), root, tiny_assets)
         return cache[key]
 
     return run

@@ -21,6 +21,12 @@ def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
     assert oppo["steps"] >= 3 and all(s > 0 for s in oppo["step_s"]) and oppo["trained_tokens_per_s"] > 0
     assert 0.0 <= oppo["oppo/overlap_fraction"] <= 1.0 and 0.0 <= oppo["oppo/scorer_idle_fraction"] <= 1.0
     assert "oracle_s" not in oppo
+    for run in (sync, oppo):  # the CPU every process of the run used, sampled as `bench schedules` does
+        assert 0.0 < run["cores_busy"] <= run["host"]["cores"] + 0.1  # sampled once a second: a little slack
+        assert run["cpu_s_per_step"] == pytest.approx(sum(run["cpu_by_process"].values()))
+        assert run["cpu_s_per_ktok"] > 0.0
+        assert {"VLLM::EngineCore", "ray::PolicyModelActor", "ray::CriticModelActor"} <= set(run["cpu_by_process"])
+    assert "ray::OppoRolloutActor" in oppo["cpu_by_process"] and "ray::OppoRolloutActor" not in sync["cpu_by_process"]
 
     failed = {"returncode": 1, "wall_s": 5.0, "steps": 0, "step_s": []}
     rows = bench_schedules.report({

@@ -1,0 +1,150 @@
+"""Where a run's CPU goes: every process's CPU seconds, sampled while it runs.
+
+`bench schedules` samples each run (`RUN_DIR/cpu.jsonl`): every `interval_s`, the user +
+system CPU seconds each process of the run has used so far (the launcher, Ray's daemons, the
+driver, each Ray actor by its process title, vLLM's engine core; `soak.run_processes`),
+summed by process name. A process that exited keeps its last figure, so a name's total only
+grows. Over a run's measured steps (between two step events) it gives:
+
+    cores busy      CPU seconds / wall seconds: how many of the host's cores the run kept busy
+    CPU-s a step    CPU seconds / steps, in all and by process name
+    CPU-s / 1k tok  CPU seconds / trained response tokens x 1,000: the cost of the work
+
+On a host without a GPU every role (engine, trainer, scorers) runs on the same cores, so a
+schedule's trained tokens a second cannot exceed cores / (CPU-s per trained token): `ceiling`
+is that bound against another schedule's rate. No overlap can move a schedule past it; only
+less CPU per trained token, or more cores, can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter
+from pathlib import Path
+
+from openrlhf_oppo.bench.soak import IDLE_NAMES, run_processes
+from openrlhf_oppo.bench.table import name_width
+
+FILE = "cpu.jsonl"
+
+
+def host() -> dict:
+    """The cores this process may run on, and whether the host has an NVIDIA GPU (then the
+    models' work is not on the cores and the ceiling does not apply)."""
+    return {"cores": len(os.sched_getaffinity(0)), "gpu": Path("/dev/nvidia0").exists()}
+
+
+class Sampler(threading.Thread):
+    """Writes `out`: a first line `{"host": host()}`, then every `interval_s` seconds
+    `{"t": wall time, "cpu": {name: CPU seconds so far}}` for the processes under `root_pid`
+    (default: this one). A context manager: starts on entry; on exit stops, takes a last sample."""
+
+    def __init__(self, out: Path, interval_s: float = 1.0, root_pid: int | None = None):
+        super().__init__(daemon=True, name="cpu-sampler")
+        self.out, self.interval_s, self.root_pid = Path(out), interval_s, root_pid or os.getpid()
+        self.stop = threading.Event()
+        self.last: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last sample)
+
+    def sample(self) -> dict:
+        import psutil
+
+        t = time.time()
+        for pid, name in run_processes(self.root_pid).items():
+            try:
+                cpu = psutil.Process(pid).cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            known = self.last.get(pid, (name, 0.0))[0]
+            # a pooled worker is titled ray::IDLE until it hosts an actor: name it by what it became
+            self.last[pid] = (name if known in IDLE_NAMES else known, cpu.user + cpu.system)
+        totals: Counter = Counter()
+        for name, cpu in self.last.values():
+            totals[name] += cpu
+        row = {"t": round(t, 3), "cpu": {n: round(v, 3) for n, v in sorted(totals.items())}}
+        with open(self.out, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        return row
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(self.interval_s)
+
+    def __enter__(self) -> Sampler:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps({"host": host()}) + "\n")
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.join()
+        self.sample()
+
+
+def read(path: Path) -> tuple[dict, list[dict]]:
+    """(host, samples in time order) from a `cpu.jsonl`; ({}, []) when there is none."""
+    if not path.exists():
+        return {}, []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    head = lines[0].get("host", {}) if lines and "host" in lines[0] else {}
+    return head, sorted((r for r in lines if "t" in r), key=lambda r: r["t"])
+
+
+def at(samples: list[dict], t: float) -> dict[str, float]:
+    """Each name's CPU seconds at wall time `t`, linear between the samples around it (the
+    first or last sample outside them; a name not yet seen counts 0)."""
+    times = [s["t"] for s in samples]
+    i = bisect_left(times, t)
+    if i == 0 or i == len(samples):
+        return dict(samples[min(i, len(samples) - 1)]["cpu"])
+    a, b = samples[i - 1], samples[i]
+    w = (t - a["t"]) / (b["t"] - a["t"])
+    return {n: a["cpu"].get(n, 0.0) + w * (v - a["cpu"].get(n, 0.0)) for n, v in b["cpu"].items()}
+
+
+def window(path: Path, t0: float, t1: float, steps: int, tokens: float | None) -> dict:
+    """The CPU figures of a run's measured steps, wall times `t0` to `t1` (`steps` steps,
+    `tokens` trained response tokens); {} without samples spanning the window."""
+    head, samples = read(path)
+    if len(samples) < 2 or samples[0]["t"] > t0 or samples[-1]["t"] < t1 or t1 <= t0 or steps < 1:
+        return {}
+    start, end = at(samples, t0), at(samples, t1)
+    used = {n: v - start.get(n, 0.0) for n, v in end.items()}
+    total = sum(used.values())
+    return {
+        "cores_busy": total / (t1 - t0),
+        "cpu_s_per_step": total / steps,
+        "cpu_s_per_ktok": 1000 * total / tokens if tokens else None,
+        "cpu_by_process": {n: v / steps for n, v in sorted(used.items(), key=lambda kv: -kv[1])},
+        "host": head,
+    }
+
+
+def ceiling(cores: int, cpu_s_per_ktok: float | None, other_tokens_per_s: float | None) -> float | None:
+    """The most a schedule costing `cpu_s_per_ktok` could reach, with all `cores` busy, in
+    trained tokens a second over another's `other_tokens_per_s`."""
+    if not cpu_s_per_ktok or not other_tokens_per_s:
+        return None
+    return cores * 1000 / cpu_s_per_ktok / other_tokens_per_s
+
+
+def print_table(first_runs: dict[str, dict], top: int = 6) -> None:
+    """Each schedule's first repeat: cores busy, CPU seconds a step, per 1k trained tokens,
+    and the processes that used the most."""
+    rows = {s: r for s, r in first_runs.items() if r and r.get("cpu_s_per_step") is not None}
+    if not rows:
+        return
+    cores = next(iter(rows.values()))["host"].get("cores", "?")
+    print(f"where the CPU goes (repeat 0; CPU seconds of every process of the run over the measured steps, "
+          f"{cores} cores)")
+    w = name_width(rows) + 1
+    print(f"{'schedule':{w}}{'cores busy':>11}{'CPU-s a step':>13}{'CPU-s/1k tok':>13}  most CPU-s a step")
+    for schedule, r in rows.items():
+        per_ktok = "-" if r["cpu_s_per_ktok"] is None else f"{r['cpu_s_per_ktok']:.2f}"
+        most = ", ".join(f"{n} {v:.2f}" for n, v in list(r["cpu_by_process"].items())[:top])
+        print(f"{schedule:{w}}{r['cores_busy']:11.2f}{r['cpu_s_per_step']:13.2f}{per_ktok:>13}  {most}")
