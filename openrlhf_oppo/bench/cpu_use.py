@@ -58,9 +58,10 @@ class Sampler(threading.Thread):
                 cpu = psutil.Process(pid).cpu_times()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+            # a process is named by its latest title (a Ray worker starts as default_worker.py, pools as
+            # ray::IDLE, then takes its actor's), except that ray::IDLE does not undo an actor's
             known = self.last.get(pid, (name, 0.0))[0]
-            # a pooled worker is titled ray::IDLE until it hosts an actor: name it by what it became
-            self.last[pid] = (name if known in IDLE_NAMES else known, cpu.user + cpu.system)
+            self.last[pid] = (known if name in IDLE_NAMES else name, cpu.user + cpu.system)
         totals: Counter = Counter()
         for name, cpu in self.last.values():
             totals[name] += cpu

@@ -34,8 +34,8 @@ def test_the_sampler_counts_a_child_process_cpu_and_keeps_it_after_the_child_exi
     assert samples[-1]["cpu"]["launcher"] > 0.0  # this process, the sampler's own cost included
 
 
-def test_a_pooled_worker_is_named_by_the_actor_it_became(tmp_path, monkeypatch):
-    titles = iter([{1: "ray::IDLE", 2: "raylet"}, {1: "ray::PolicyModelActor", 2: "raylet"},
+def test_a_ray_worker_is_named_by_the_actor_it_became(tmp_path, monkeypatch):
+    titles = iter([{1: "default_worker.py", 2: "raylet"}, {1: "ray::PolicyModelActor", 2: "raylet"},
                    {1: "ray::IDLE", 2: "raylet"}])
     monkeypatch.setattr(cpu_use, "run_processes", lambda root: next(titles))
 
@@ -48,9 +48,9 @@ def test_a_pooled_worker_is_named_by_the_actor_it_became(tmp_path, monkeypatch):
 
     monkeypatch.setattr("psutil.Process", Proc)
     sampler = cpu_use.Sampler(tmp_path / "cpu.jsonl")
-    assert sampler.sample()["cpu"] == {"ray::IDLE": 1.5, "raylet": 2.5}
-    assert sampler.sample()["cpu"] == {"ray::PolicyModelActor": 1.5, "raylet": 2.5}
-    assert sampler.sample()["cpu"] == {"ray::PolicyModelActor": 1.5, "raylet": 2.5}  # once named, it keeps it
+    assert sampler.sample()["cpu"] == {"default_worker.py": 1.5, "raylet": 2.5}
+    assert sampler.sample()["cpu"] == {"ray::PolicyModelActor": 1.5, "raylet": 2.5}  # its title once it is an actor
+    assert sampler.sample()["cpu"] == {"ray::PolicyModelActor": 1.5, "raylet": 2.5}  # ray::IDLE does not undo it
 
 
 def write(path, samples, host=None):
