@@ -10,10 +10,12 @@ grows. Over a run's measured steps (between two step events) it gives:
     CPU-s a step    CPU seconds / steps, in all and by process name
     CPU-s / 1k tok  CPU seconds / trained response tokens x 1,000: the cost of the work
 
-On a host without a GPU every role (engine, trainer, scorers) runs on the same cores, so a
-schedule's trained tokens a second cannot exceed cores / (CPU-s per trained token): `ceiling`
-is that bound against another schedule's rate. No overlap can move a schedule past it; only
-less CPU per trained token, or more cores, can.
+A step is (trained tokens a step) x (CPU-s per token) / (cores busy), so one schedule's mean step
+s over another's is the product of those three ratios (`factors`): how much work its steps held,
+what the work cost, and how much of the host it kept busy. On a host without a GPU every role
+(engine, trainer, scorers) runs on the same cores, and cores busy cannot pass the host's cores:
+at equal work a schedule can be at most (CPU-s per token ratio) x cores / (the other's cores
+busy) faster (`ceiling`). No overlap passes that; only less CPU per token, or more cores, can.
 """
 
 from __future__ import annotations
@@ -126,12 +128,26 @@ def window(path: Path, t0: float, t1: float, steps: int, tokens: float | None) -
     }
 
 
-def ceiling(cores: int, cpu_s_per_ktok: float | None, other_tokens_per_s: float | None) -> float | None:
-    """The most a schedule costing `cpu_s_per_ktok` could reach, with all `cores` busy, in
-    trained tokens a second over another's `other_tokens_per_s`."""
-    if not cpu_s_per_ktok or not other_tokens_per_s:
+def factors(base: dict, run: dict, cores: int | None = None) -> dict[str, float] | None:
+    """`base`'s mean step s / `run`'s (two `bench schedules` run summaries), as the product of
+    three factors over their measured steps, exactly:
+        work           base's trained tokens a step / run's (below 1: run's steps held more)
+        cpu_per_token  base's CPU seconds per trained token / run's
+        cores_busy     run's cores busy / base's
+    and, given the host's `cores` (no GPU), `ceiling`: the product at equal work with every core
+    busy in run, cpu_per_token x cores / base's cores busy: the most run's CPU cost lets it reach on
+    that host. None where a figure is missing."""
+    keys = ("mean_step_s", "trained_tokens_per_s", "cpu_s_per_ktok", "cores_busy")
+    if any(not r.get(k) for r in (base, run) for k in keys):
         return None
-    return cores * 1000 / cpu_s_per_ktok / other_tokens_per_s
+    out = {
+        "work": base["trained_tokens_per_s"] * base["mean_step_s"] / (run["trained_tokens_per_s"] * run["mean_step_s"]),
+        "cpu_per_token": base["cpu_s_per_ktok"] / run["cpu_s_per_ktok"],
+        "cores_busy": run["cores_busy"] / base["cores_busy"],
+    }
+    if cores:
+        out["ceiling"] = out["cpu_per_token"] * cores / base["cores_busy"]
+    return out
 
 
 def print_table(first_runs: dict[str, dict], top: int = 6) -> None:

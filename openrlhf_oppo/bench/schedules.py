@@ -167,7 +167,11 @@ def report(results: dict[str, list[dict]]) -> list[dict]:
         row["x"] = {mode: _ratio(ok[mode], runs) for mode in modes}
         row["x_best"] = _ratio(ok[best], runs) if best else NONE3
         row["best"] = best
-        row["cores"] = next((r["host"]["cores"] for r in runs if r.get("host") and not r["host"].get("gpu")), None)
+        cores = next((r["host"]["cores"] for r in runs if r.get("host") and not r["host"].get("gpu")), None)
+        paired = [cpu_use.factors(b, r, cores) for b, r in zip(ok[best], runs, strict=False)] if best else []
+        paired = [f for f in paired if f]
+        row["x_best_cpu"] = {k: spread(f[k] for f in paired) for k in paired[0]} if paired else None
+        row["cores"] = cores
         rows.append(row)
     return rows
 
@@ -188,10 +192,10 @@ class Verdict:
         work_vs_best: best_oppo's response tokens trained a step / best_openrlhf's (medians of trained
             tok/s x mean step s); away from 1 by more than the spread, the two steps held unequal work
             (e.g. a policy that drifted to shorter answers) and mean step s flatters the faster one.
-        cores_busy: (best_oppo's, best_openrlhf's) cores kept busy (medians; `cpu_use`), on a host without a GPU.
-        cpu_ceiling_vs_best: on such a host, the most best_oppo could reach in trained tok/s over
-            best_openrlhf's with all the host's cores busy at its measured CPU seconds per trained token
-            (`cpu_use.ceiling`): a bound no overlap can pass.
+        cpu_vs_best: vs_best as the product of `cpu_use.factors` (work a step, CPU per token, cores
+            busy), each repeat by repeat, and on a host without a GPU `ceiling`: the most best_oppo's CPU
+            per token lets it reach there at equal work, a bound no overlap passes; None without samples.
+        cores: the host's cores (None on a GPU host or without samples); cores_busy: best_oppo's (median).
     """
 
     best_oppo: str | None
@@ -202,8 +206,9 @@ class Verdict:
     vs_sync_beyond_spread: bool | None
     vs_best_beyond_spread: bool | None
     work_vs_best: float | None = None
-    cores_busy: tuple = (None, None)
-    cpu_ceiling_vs_best: float | None = None
+    cpu_vs_best: dict | None = None
+    cores: int | None = None
+    cores_busy: float | None = None
 
 
 def _tokens_a_step(row: dict) -> float | None:
@@ -231,13 +236,10 @@ def verdict(rows: list[dict]) -> Verdict:
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
     work = [_tokens_a_step(by_name[s]) for s in (best_oppo, best)]
-    cores = row.get("cores")
     return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
                    _beyond(vs_sync, spread_rel), _beyond(row["x_best"], spread_rel),
                    work[0] / work[1] if None not in work and work[1] > 0 else None,
-                   tuple(by_name[s].get("cores_busy", NONE3)[0] for s in (best_oppo, best)) if cores else (None, None),
-                   cpu_use.ceiling(cores, row.get("cpu_s_per_ktok", NONE3)[0],
-                                   by_name[best]["trained_tokens_per_s"][0]) if cores else None)
+                   row.get("x_best_cpu"), row.get("cores"), row.get("cores_busy", NONE3)[0])
 
 
 def _percent(x: float | None) -> str:
@@ -281,11 +283,14 @@ def print_verdict(v: Verdict) -> None:
         unequal = v.spread is not None and abs(v.work_vs_best - 1.0) > v.spread
         print(f"  work: {v.best_oppo}'s steps held {v.work_vs_best:.2f}x the response tokens of {v.best_openrlhf}'s"
               + ("; beyond the spread, so mean step s compares unequal work: read trained tok/s" if unequal else ""))
-    if v.cpu_ceiling_vs_best is not None:
-        busy = [f"{b:.2f}" if b is not None else "-" for b in v.cores_busy]
-        print(f"  CPU: {v.best_oppo} kept {busy[0]} cores busy, {v.best_openrlhf} {busy[1]}; at its CPU seconds per "
-              f"trained token, with every core busy, {v.best_oppo} could reach at most {v.cpu_ceiling_vs_best:.2f}x "
-              f"{v.best_openrlhf}'s trained tok/s (the models share the cores: no overlap passes that)")
+    if v.cpu_vs_best:
+        f = v.cpu_vs_best
+        print(f"  why (cpu.jsonl), repeat by repeat: x {v.best_openrlhf} = work a step {fmt(f['work'], '.2f')} "
+              f"x CPU per trained token {fmt(f['cpu_per_token'], '.2f')} x cores busy {fmt(f['cores_busy'], '.2f')}")
+        if "ceiling" in f:
+            print(f"  ceiling: {v.best_oppo} kept {v.cores_busy:.2f} of {v.cores} shared cores busy; at its CPU per "
+                  f"token, equal work and every core busy it would be {fmt(f['ceiling'], '.2f')}x "
+                  f"{v.best_openrlhf}: no overlap passes that")
     if v.spread is None:
         print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)")
     else:

@@ -76,35 +76,51 @@ def test_the_window_interpolates_between_samples(tmp_path):
     assert cpu_use.window(path, 11.0, 14.0, 2, None)["cpu_s_per_ktok"] is None
 
 
-def test_the_ceiling_is_every_core_at_the_measured_cost_over_the_other_rate():
-    # 2 cores at 1.93 CPU-s per 1k tokens: 1,036 tok/s at most, over 830 tok/s
-    assert cpu_use.ceiling(2, 1.93, 830.0) == pytest.approx(2000 / 1.93 / 830)
-    assert cpu_use.ceiling(2, None, 830.0) is None and cpu_use.ceiling(2, 1.93, None) is None
-
-
-def run(mean_step_s: float, cores_busy: float, cpu_s_per_ktok: float, gpu: bool = False) -> dict:
+def run(mean_step_s: float, tokens_a_step: float, cpu_s_per_ktok: float, gpu: bool = False) -> dict:
+    """A run summary whose figures hold together as `summarize_run` makes them: cores busy is CPU
+    seconds a step / seconds a step."""
     return {"returncode": 0, "wall_s": 100.0, "steps": 10, "step_s": [mean_step_s] * 8,
-            "median_step_s": mean_step_s, "mean_step_s": mean_step_s, "trained_tokens_per_s": 1000 / mean_step_s,
-            "reward": None, "cores_busy": cores_busy, "cpu_s_per_ktok": cpu_s_per_ktok,
+            "median_step_s": mean_step_s, "mean_step_s": mean_step_s,
+            "trained_tokens_per_s": tokens_a_step / mean_step_s, "reward": None,
+            "cpu_s_per_ktok": cpu_s_per_ktok, "cores_busy": tokens_a_step * cpu_s_per_ktok / 1000 / mean_step_s,
             "host": {"cores": 2, "gpu": gpu}}
 
 
-def test_the_verdict_bounds_the_best_oppo_schedule_by_the_host_cores(capsys):
-    rows = schedules.report({"oversample": [run(2.0, 1.5, 2.0), run(2.0, 1.75, 2.0)],
-                             "oppo": [run(1.6, 1.5, 1.6), run(1.6, 2.0, 1.6)]})
+def test_the_step_ratio_is_work_times_cpu_per_token_times_cores_busy():
+    base = run(2.0, 1500.0, 2.2)  # 3.3 CPU-s a step: 1.65 cores busy
+    oppo = run(2.0, 1800.0, 2.0)  # 3.6 CPU-s a step: 1.8 cores busy
+    f = cpu_use.factors(base, oppo, cores=2)
+    assert f["work"] == pytest.approx(1500 / 1800)
+    assert f["cpu_per_token"] == pytest.approx(1.1)
+    assert f["cores_busy"] == pytest.approx(1.8 / 1.65)
+    assert f["work"] * f["cpu_per_token"] * f["cores_busy"] == pytest.approx(2.0 / 2.0)  # the step ratio, exactly
+    assert f["ceiling"] == pytest.approx(1.1 * 2 / 1.65)  # equal work, both cores busy
+    assert "ceiling" not in cpu_use.factors(base, oppo)  # no host cores: no ceiling
+    assert cpu_use.factors(base, {**oppo, "cores_busy": None}, 2) is None
+
+
+def test_the_verdict_explains_the_ratio_and_bounds_it_by_the_host_cores(capsys):
+    rows = schedules.report({"oversample": [run(2.0, 1500.0, 2.2), run(2.0, 1500.0, 2.2)],
+                             "oppo": [run(1.6, 1500.0, 2.0), run(2.0, 1800.0, 2.0)]})
     oppo = {r["schedule"]: r for r in rows}["oppo"]
-    assert oppo["cores"] == 2 and oppo["cores_busy"] == (1.75, 1.5, 2.0)  # median [min-max] over repeats
+    assert oppo["cores"] == 2 and oppo["x_best"] == (1.125, 1.0, 1.25)
+    f = oppo["x_best_cpu"]
+    assert f["work"] == pytest.approx(((1.0 + 1500 / 1800) / 2, 1500 / 1800, 1.0))  # median [min-max] of the pairs
+    assert f["cpu_per_token"] == pytest.approx((1.1, 1.1, 1.1))
+    assert f["ceiling"] == pytest.approx((1.1 * 2 / 1.65,) * 3)
     v = schedules.verdict(rows)
-    assert v.cores_busy == (1.75, 1.625)
-    # every core at 1.6 CPU-s per 1k tokens: 1,250 tok/s, over oversample's 500
-    assert v.cpu_ceiling_vs_best == pytest.approx(2.5)
+    assert v.cpu_vs_best == f and v.cores == 2
+    assert v.cores_busy == pytest.approx((1500 * 2.0 / 1000 / 1.6 + 1.8) / 2)
     schedules.print_verdict(v)
-    assert "oppo could reach at most 2.50x oversample's trained tok/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "x oversample = work a step 0.92 [0.83-1.00] x CPU per trained token 1.10 x cores busy" in out
+    assert "equal work and every core busy it would be 1.33x oversample" in out
 
 
-def test_no_ceiling_on_a_gpu_host_or_without_samples():
-    gpu = schedules.report({"oversample": [run(2.0, 1.5, 2.0, gpu=True)], "oppo": [run(1.6, 1.6, 1.6, gpu=True)]})
-    assert schedules.verdict(gpu).cpu_ceiling_vs_best is None
-    bare = {k: v for k, v in run(2.0, 1.5, 2.0).items() if k not in ("cores_busy", "cpu_s_per_ktok", "host")}
+def test_no_ceiling_on_a_gpu_host_and_no_factors_without_samples():
+    gpu = schedules.report({"oversample": [run(2.0, 1500.0, 2.2, gpu=True)], "oppo": [run(1.6, 1500.0, 2.0, gpu=True)]})
+    f = schedules.verdict(gpu).cpu_vs_best
+    assert "ceiling" not in f and f["cpu_per_token"] == pytest.approx((1.1, 1.1, 1.1))
+    bare = {k: v for k, v in run(2.0, 1500.0, 2.2).items() if k not in ("cores_busy", "cpu_s_per_ktok", "host")}
     rows = schedules.report({"oversample": [bare], "oppo": [dict(bare, mean_step_s=1.0)]})
-    assert schedules.verdict(rows).cpu_ceiling_vs_best is None and rows[1]["cores_busy"] == (None, None, None)
+    assert schedules.verdict(rows).cpu_vs_best is None and rows[1]["cores_busy"] == (None, None, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from openrlhf_oppo.bench import cpu_use
 from openrlhf_oppo.bench import schedules as bench_schedules
 
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
@@ -21,8 +22,11 @@ def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
     assert oppo["steps"] >= 3 and all(s > 0 for s in oppo["step_s"]) and oppo["trained_tokens_per_s"] > 0
     assert 0.0 <= oppo["oppo/overlap_fraction"] <= 1.0 and 0.0 <= oppo["oppo/scorer_idle_fraction"] <= 1.0
     assert "oracle_s" not in oppo
-    for run in (sync, oppo):  # the CPU every process of the run used, sampled as `bench schedules` does
-        assert 0.0 < run["cores_busy"] <= run["host"]["cores"] + 0.1  # sampled once a second: a little slack
+    for root, run in ((sync_run.root, sync), (oppo_run.root, oppo)):  # as `bench schedules` samples its runs
+        host, samples = cpu_use.read(root / cpu_use.FILE)
+        first, last = samples[0], samples[-1]  # whole-run totals, sampled: no interpolation
+        assert 0.0 < sum(last["cpu"].values()) - sum(first["cpu"].values()) <= host["cores"] * (last["t"] - first["t"])
+        assert run["cores_busy"] > 0.0 and run["host"] == host
         assert run["cpu_s_per_step"] == pytest.approx(sum(run["cpu_by_process"].values()))
         assert run["cpu_s_per_ktok"] > 0.0
         assert {"VLLM::EngineCore", "ray::PolicyModelActor", "ray::CriticModelActor"} <= set(run["cpu_by_process"])
