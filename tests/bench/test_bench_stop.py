@@ -24,7 +24,7 @@ def test_bench_schedules_stops_with_its_run(tmp_path, monkeypatch, capsys):
 
     def run(argv):
         calls.append(argv)
-        Path(argv[argv.index("--output") + 1]).mkdir(parents=True)
+        Path(argv[argv.index("--output") + 1]).mkdir(parents=True, exist_ok=True)  # the bench made it (cpu.jsonl)
         return Result(130, 4.0, signal.SIGINT)
 
     monkeypatch.setattr(train, "run", run)
