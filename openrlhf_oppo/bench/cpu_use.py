@@ -94,8 +94,7 @@ def read(path: Path) -> tuple[dict, list[dict]]:
     if not path.exists():
         return {}, []
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    head = lines[0].get("host", {}) if lines and "host" in lines[0] else {}
-    return head, sorted((r for r in lines if "t" in r), key=lambda r: r["t"])
+    return (lines[0].get("host", {}) if lines else {}), sorted((r for r in lines if "t" in r), key=lambda r: r["t"])
 
 
 def at(samples: list[dict], t: float) -> dict[str, float]:
