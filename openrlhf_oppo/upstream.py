@@ -91,6 +91,7 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.utils.deepspeed.deepspeed.get_eval_ds_config", "patched", "compat.patches"),
     _T("openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer", "patched", "compat.patches"),
     _T("openrlhf.trainer.ray.launcher.BaseDistributedActor._get_free_port", "patched", "compat.patches"),
+    _T("openrlhf.trainer.ray.launcher.BaseModelActor._setup_distributed", "patched", "compat.patches"),
     _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer.broadcast_to_vllm", "patched", "compat.patches"),
     _T("openrlhf.trainer.ray.ppo_actor.ActorPPOTrainer._init_vllm_sync_group", "patched", "compat.patches"),
     _T("openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap.update_weight", "patched", "compat.patches"),

@@ -139,16 +139,28 @@ def weight_sync_receiver(module) -> None:
 
 
 @_gated
-def master_port_outside_ephemeral_range(module) -> None:
+def master_port_held_until_bound(module) -> None:
     """openrlhf 0.11.2 `BaseDistributedActor._get_free_port` binds port 0, closes the socket
     and returns the port; torch.distributed's TCPStore binds it only when the model actor
-    initialises, seconds later (under `--train.colocate_all`, after vLLM has started). Meanwhile
-    the kernel may hand the same port to an outgoing connection (Ray, gloo, vLLM), and the
-    store fails with `DistNetworkError: ... EADDRINUSE` (seen in CI: the compat matrix's
-    colocate_all run). Draw the port outside the ephemeral range instead."""
-    from openrlhf_oppo.compat.ports import free_port
+    initialises, seconds later (after every group has drawn its port; under
+    `--train.colocate_all`, after vLLM has started). Meanwhile an outgoing connection (Ray,
+    gloo, vLLM) or another group's draw may take the same port, and the store fails with
+    `DistNetworkError: ... EADDRINUSE` (seen in CI twice: the compat matrix's colocate_all run,
+    then a sync run whose critic drew a port outside the ephemeral range). Draw the port outside
+    that range and hold it bound until `_setup_distributed` has bound the store."""
+    from openrlhf_oppo.compat import ports
 
-    module.BaseDistributedActor._get_free_port = staticmethod(free_port)
+    module.BaseDistributedActor._get_free_port = staticmethod(functools.partial(ports.free_port, hold=True))
+    setup = module.BaseModelActor._setup_distributed
+
+    @functools.wraps(setup)
+    def _setup_distributed(self, strategy) -> None:
+        try:
+            setup(self, strategy)
+        finally:
+            ports.release(self._master_port)
+
+    module.BaseModelActor._setup_distributed = _setup_distributed
 
 
 ALL_TAGS = ("weights", "kv_cache")  # vLLM's sleep-mode tags
@@ -232,7 +244,7 @@ PATCHES: tuple[Patch, ...] = (
           f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
     Patch("vllm_sleep_standin", "openrlhf.trainer.ray.vllm_engine", vllm_sleep_standin,
           f"openrlhf {OPENRLHF_VERSION}, vllm {VLLM_VERSION}"),
-    Patch("master_port_outside_ephemeral_range", "openrlhf.trainer.ray.launcher", master_port_outside_ephemeral_range,
+    Patch("master_port_held_until_bound", "openrlhf.trainer.ray.launcher", master_port_held_until_bound,
           f"openrlhf {OPENRLHF_VERSION}"),
     # one name per target module: install_hooks installs a name once per process
     *(Patch(f"dataset_columns_as_lists.{module}", f"openrlhf.datasets.{module}", dataset_columns_as_lists,

@@ -136,23 +136,47 @@ def test_cpp_extension_build_lock_is_what_the_stamped_baton_patch_wraps():
     assert all(patches.TORCH_VERSION in p.upstream for p in caches.PATCHES)
 
 
-def test_master_port_patch_replaces_openrlhfs_bind_port_zero():
+def test_master_port_patch_holds_a_port_outside_the_ephemeral_range_until_the_store_binds():
     """OpenRLHF picks an actor group's MASTER_PORT by binding port 0, in the ephemeral range
-    that outgoing connections draw their local ports from (the cause of EADDRINUSE in the
-    colocate_all run); the patch draws one outside that range, which binds."""
+    that outgoing connections draw their local ports from, and every group draws before any
+    binds (the causes of EADDRINUSE in CI). Patched, the port lies outside that range and stays
+    bound until `_setup_distributed` returns: another draw cannot take it, while the group's own
+    TCPStore binds it; afterwards it is free."""
+    import datetime
     import socket
 
+    import torch.distributed as dist
     from openrlhf.trainer.ray import launcher
 
-    assert 'sock.bind(("", 0))' in inspect.getsource(launcher.BaseDistributedActor._get_free_port)
-    sub = type("Actor", (launcher.BaseDistributedActor,), {})
-    _ungated(patches.master_port_outside_ephemeral_range)(types.SimpleNamespace(BaseDistributedActor=sub))
+    source = inspect.getsource(launcher)  # the file's text: an earlier test may have patched the class
+    assert 'def _get_free_port():\n        with socket.socket() as sock:\n            sock.bind(("", 0))' in source
+    assert "def _setup_distributed(self, strategy: DeepspeedStrategy):" in source
+    stores = []
+
+    class Model(launcher.BaseModelActor):
+        def _setup_distributed(self, strategy):  # what DeepSpeed's env:// rendezvous binds on rank 0
+            stores.append(dist.TCPStore("127.0.0.1", self._master_port, 1, True,
+                                        timeout=datetime.timedelta(seconds=10)))
+
+    _ungated(patches.master_port_held_until_bound)(types.SimpleNamespace(BaseDistributedActor=Model,
+                                                                         BaseModelActor=Model))
     low, high = ports._ephemeral_ports()
-    for _ in range(20):
-        port = sub._get_free_port()
-        assert not low <= port <= high
-        with socket.socket() as sock:
-            sock.bind(("", port))  # free, as the caller expects
+    actor = Model.__new__(Model)
+    actor._master_port = Model._get_free_port()
+    assert not low <= actor._master_port <= high
+    drawn = {Model._get_free_port() for _ in range(200)}  # every later draw avoids the held port
+    assert actor._master_port not in drawn
+    with socket.socket() as sock, pytest.raises(OSError):
+        sock.bind(("", actor._master_port))
+    actor._setup_distributed(None)
+    stores[0].set("k", "v")
+    assert stores[0].get("k") == b"v"
+    for port in drawn:
+        ports.release(port)
+    stores.clear()  # the store closes its socket
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", actor._master_port))  # released
 
 
 def test_free_port_falls_back_to_the_kernels_choice_without_a_range(monkeypatch):
