@@ -24,6 +24,7 @@ STOP_FILE = "OPPO_STOP_FILE"  # when this file exists, the step ends, a checkpoi
 TIMELINE_DIR = "OPPO_TIMELINE_DIR"  # each process appends its stage spans here
 SYNC_PROBE = "OPPO_SYNC_PROBE"  # CPU weight sync: where the vLLM-vs-actor probe writes
 SYNC_PROBE_PROMPT = "OPPO_SYNC_PROBE_PROMPT"  # the probe's prompt, comma-separated token ids
+FIXED_LENGTHS = "OPPO_FIXED_LENGTHS"  # "median,sigma,seed" of task.fixed_lengths (integrations.runtime.fixed_lengths)
 COMPAT = "OPPO_COMPAT"  # "1": the sitecustomize installs the CPU compat patches
 SKIP_INPUT_CHECKS = "OPPO_SKIP_INPUT_CHECKS"  # "1": the cluster entry skips the dataset / tokenizer checks
 # -- set by the user -------------------------------------------------------------------------
@@ -38,7 +39,8 @@ DEFAULT_CACHE_DIR = "~/.cache/openrlhf_oppo"
 DEFAULT_ASSETS_DIR = "~/.cache/openrlhf_oppo/tiny"
 
 ALL = (CONFIG_JSON, METRICS_JSONL, TRACE_JSONL, ROLLOUTS_JSONL, LEDGER_JSONL, STOP_FILE, TIMELINE_DIR,
-       SYNC_PROBE, SYNC_PROBE_PROMPT, COMPAT, SKIP_INPUT_CHECKS, FAULTS, CACHE_DIR, ASSETS_DIR, DEVICE_MEMORY_GB)
+       SYNC_PROBE, SYNC_PROBE_PROMPT, FIXED_LENGTHS, COMPAT, SKIP_INPUT_CHECKS, FAULTS, CACHE_DIR, ASSETS_DIR,
+       DEVICE_MEMORY_GB)
 
 
 def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -54,6 +56,10 @@ def path(name: str, environ: Mapping[str, str] | None = None) -> str | None:
 
 def config_json(environ: Mapping[str, str] | None = None) -> str | None:
     return _env(environ).get(CONFIG_JSON)
+
+
+def fixed_lengths(environ: Mapping[str, str] | None = None) -> str | None:
+    return _env(environ).get(FIXED_LENGTHS) or None
 
 
 def compat_enabled(environ: Mapping[str, str] | None = None) -> bool:

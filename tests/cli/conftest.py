@@ -125,11 +125,11 @@ def train_runs(tmp_path_factory, tiny_assets):
 
     cache: dict[tuple, TrainRun] = {}
 
-    def run(schedule: str, *extra: str, output: Path | None = None) -> TrainRun:
-        key = (schedule, extra, output)
+    def run(schedule: str, *extra: str, output: Path | None = None, config: Path = CONFIG) -> TrainRun:
+        key = (schedule, extra, output, config)
         if key not in cache:
             root = output or tmp_path_factory.mktemp(f"run-{schedule}")
-            argv = ["train", "--schedule", schedule, "--config", str(CONFIG), "--assets", str(tiny_assets),
+            argv = ["train", "--schedule", schedule, "--config", str(config), "--assets", str(tiny_assets),
                     "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S)]
             if extra:
                 argv += ["--", *extra]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -216,3 +217,32 @@ def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(trai
 
     # group ids are stream positions, so the check above also says B admitted from A's
     # position on, skipping and repeating none (position -> prompt: prompt_index_at)
+
+
+def test_fixed_lengths_decode_every_sample_at_its_drawn_length(train_runs, tmp_path_factory, tiny_assets):
+    """`task.fixed_lengths`: every trained response has exactly the length drawn for its prompt
+    and index, carried samples included (vLLM holds EOS back until then), so every schedule
+    trains the same tokens; OpenRLHF's engines apply the same draw (tests/integrations/runtime/
+    test_fixed_lengths.py)."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from openrlhf_oppo.integrations.runtime.fixed_lengths import FixedLengths
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml").read_text())
+    config["task"]["fixed_lengths"] = {"median_tokens": 24, "sigma": 1.0}
+    path = tmp_path_factory.mktemp("fixed-lengths") / "tiny-fixed-lengths.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run = train_runs("oppo", "--data.max_samples", "8", config=path)
+    assert run.returncode == 0, run.failure()
+    lengths, cap = FixedLengths(24.0, 1.0, config["train"]["seed"]), config["rollout"]["max_new_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_assets / "actor"))
+    trained: dict[str, list[int]] = {}
+    for step in _rollouts(run):
+        for s in step["samples"]:
+            prompt_len = len(tokenizer(s["prompt"], add_special_tokens=False)["input_ids"])
+            trained.setdefault(s["prompt"], []).append(len(s["sequence"]) - prompt_len)
+    assert len(trained) == 8 and len({n for ns in trained.values() for n in ns}) > 2
+    for prompt, got in trained.items():
+        assert sorted(got) == sorted(lengths.length(prompt, j, cap) for j in range(2)), prompt
+    assert any(row["carried_groups"] for row in run.trace())  # Δ > 0: some groups were carried

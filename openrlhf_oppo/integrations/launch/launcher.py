@@ -149,11 +149,13 @@ def launch(
     fresh: bool = True,
     graceful_stop: bool = False,
     verbose: bool = True,
+    env: dict[str, str] | None = None,
 ) -> RunResult:
     """Run the child to its end. ``fresh``: clear the per-run logs first (a restart
     appends to them). On SIGTERM/SIGINT: with ``graceful_stop`` (OPPO schedules) the
     current step ends, a checkpoint with the carried samples is written and the run
-    stops; otherwise the child gets SIGINT. A second signal ends the run at once."""
+    stops; otherwise the child gets SIGINT. A second signal ends the run at once. ``env``: more
+    variables for the run's processes (e.g. OPPO_FIXED_LENGTHS)."""
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.stop_file.unlink(missing_ok=True)
     if fresh:
@@ -169,7 +171,7 @@ def launch(
     argv = [sys.executable, "-m", entry_module, *to_argv(flags), *extra_argv]
     (paths.root / "command.json").write_text(json.dumps(argv, indent=1))
     print("openrlhf-oppo train: " + " ".join(argv[1:]), flush=True)
-    env = child_env(paths, flags, probe_ids)
+    env = {**child_env(paths, flags, probe_ids), **(env or {})}
     if wandb_flags:  # wandb's run files go to RUN_DIR/wandb unless WANDB_DIR says otherwise
         env.update(wandb_env)
         env.setdefault("WANDB_DIR", str(paths.root))

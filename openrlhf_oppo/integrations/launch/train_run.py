@@ -65,11 +65,14 @@ class _Plan:
     extra: list[str]  # `--oppo.*` flags (OPPO schedules), then the user's extra flags
     oppo: bool  # an OPPO schedule (entry point openrlhf_oppo.cli.train_ppo_ray)
     tokenizer_json: Path | None  # the built-in task's tokenizer, for the weight-sync probe
+    env: dict[str, str]  # OPPO_* settings of the run's processes beyond the launcher's own
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Every flag check, before anything is built or started; then the task's defaults."""
+    from openrlhf_oppo import run_env
     from openrlhf_oppo.integrations.launch import preflight, schedules, yaml_config
+    from openrlhf_oppo.integrations.runtime import fixed_lengths
 
     config = yaml_config.load(args.config)
     oppo_cfg = schedules.oppo_config(args.schedule, config.oppo)  # validated before any work
@@ -89,7 +92,14 @@ def _plan(args: argparse.Namespace) -> _Plan:
     )
     flags.update(task_defaults)
     flags.update(schedules.schedule_flags(args.schedule, flags))
-    return _Plan(flags=flags, extra=extra, oppo=oppo_cfg is not None, tokenizer_json=tokenizer_json)
+    env = {}
+    lengths = fixed_lengths.from_config(config.task, flags)
+    if lengths is not None:
+        env[run_env.FIXED_LENGTHS] = lengths.to_env()
+        print(f"openrlhf-oppo train: response lengths fixed per sample (task.fixed_lengths): log-normal, median "
+              f"{lengths.median_tokens:g}, sigma {lengths.sigma:g}, at most {flags['rollout.max_new_tokens']} tokens; "
+              f"the same in every schedule", flush=True)
+    return _Plan(flags=flags, extra=extra, oppo=oppo_cfg is not None, tokenizer_json=tokenizer_json, env=env)
 
 
 def run(argv: list[str]):
@@ -123,6 +133,7 @@ def _launch(args: argparse.Namespace, plan: _Plan, paths, probe_ids: list[int] |
         result = launcher.launch(
             plan.flags, paths, extra, probe_ids, timeout_s=args.timeout_s,
             entry_module=entry_module, fresh=attempt == 0, graceful_stop=plan.oppo, verbose=args.verbose,
+            env=plan.env,
         )
         if result.returncode in (0, launcher.TIMEOUT_RETURNCODE) or result.stopped_by or attempt == args.restarts:
             break

@@ -21,7 +21,7 @@ from typing import Any
 from openrlhf_oppo.integrations.launch.openrlhf_flags import Flag, namespaces, train_flags
 
 OUR_SECTIONS = ("task", "oppo")
-TASK_KEYS = ("assets", "variant")
+TASK_KEYS = ("assets", "variant", "fixed_lengths")
 
 
 @dataclass(frozen=True)

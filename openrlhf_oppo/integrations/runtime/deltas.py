@@ -54,6 +54,7 @@ class SampleRequest:
     seed: int | None = None  # vLLM per-request seed (integrations.runtime.seeding); None: the engine's RNG
     # (prompt text, label) when the engine scores the finished sample with --reward.remote_url
     reward_query: tuple[str, str] | None = None
+    exact: bool = False  # decode exactly `max_tokens` (task.fixed_lengths): no EOS or stop token before
 
 
 def merge_deltas(deltas: list[SampleDelta]) -> list[SampleDelta]:

@@ -192,7 +192,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             self.engines.place(gid)
             for j, sid in enumerate(group.sample_ids):
                 opens[sid] = ids
-                starts.append((gid, self.prompts.request(gid, sid, [], self._seed(step, slot, prompt, j))))
+                starts.append((gid, self.prompts.request(gid, sid, j, [], self._seed(step, slot, prompt, j))))
         if self.needs_restart or self.parked:
             # after a checkpoint load engines and scorer actors hold nothing: reopen every held
             # sample (`plan.restream` re-sends its tokens); after a sleep only the engines lost
@@ -207,7 +207,7 @@ class OppoSamplesGenerator(SamplesGenerator):
                         opens[sid] = ids
                     if not self.scheduler.is_finished(sid):  # a finished one has nothing to decode
                         held = self.scheduler.held_tokens(sid)
-                        starts.append((gid, self.prompts.request(gid, sid, held, self._seed(step, slot, prompt, j))))
+                        starts.append((gid, self.prompts.request(gid, sid, j, held, self._seed(step, slot, prompt, j))))
                         self.meter.reprefilled_tokens += len(ids) + len(held)
         self.scorers.open(opens)
         self.engines.start(starts, self.sampling_params)
@@ -272,7 +272,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         restarts = []
         for d in aborted:  # unseeded: a failure is not part of a reproducible run
             gid, held = self.scheduler.group_of(d.sample_id), self.scheduler.held_tokens(d.sample_id)
-            req = self.prompts.request(gid, d.sample_id, held, None)
+            j = self.scheduler.group_sample_ids(gid).index(d.sample_id)
+            req = self.prompts.request(gid, d.sample_id, j, held, None)
             restarts.append((d, gid, req))
             self.meter.reprefilled_tokens += len(req.prompt_ids) + len(held)
         self.engines.restart_aborted(restarts, self.sampling_params)

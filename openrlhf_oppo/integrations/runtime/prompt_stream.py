@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from openrlhf.trainer.ppo_utils.samples_generator import _collect_prompt_batch
 
-from openrlhf_oppo.integrations.runtime import openrlhf_executor
+from openrlhf_oppo.integrations.runtime import fixed_lengths, openrlhf_executor
 from openrlhf_oppo.integrations.runtime.deltas import SampleRequest
 
 
@@ -47,6 +47,7 @@ class GroupPrompts:
         self.by_group: dict[int, tuple[str, str, list[int]]] = {}  # group id -> (prompt, label, prompt ids)
         self.max_tokens: int | None = None  # `max_new_tokens` of the step's sampling params
         self.max_len = 2048  # OpenRLHF's `max_len`: prompt and response
+        self.lengths = fixed_lengths.from_env()  # task.fixed_lengths, as OpenRLHF's engines apply it
 
     def set_limits(self, max_tokens: int | None, max_len: int) -> None:
         self.max_tokens, self.max_len = max_tokens, max_len
@@ -62,8 +63,12 @@ class GroupPrompts:
     def budget(self, prompt_len: int) -> int:
         return openrlhf_executor.response_budget(self.max_tokens, self.max_len, prompt_len)
 
-    def request(self, group_id: int, sample_id: int, held: list[int], seed: int | None) -> SampleRequest:
-        """Decode sample `sample_id` of the group on from its `held` tokens (none for a new one)."""
+    def request(self, group_id: int, sample_id: int, sample_index: int, held: list[int],
+                seed: int | None) -> SampleRequest:
+        """Decode sample `sample_id`, the group's `sample_index`-th, on from its `held` tokens (none for a new one)."""
         prompt, label, prompt_ids = self.by_group[group_id]
         query = (prompt, label) if self.rule_rewards else None
-        return SampleRequest(sample_id, prompt_ids, held, self.budget(len(prompt_ids)), seed, query)
+        budget = self.budget(len(prompt_ids))
+        if self.lengths is not None:
+            budget = self.lengths.length(prompt, sample_index, budget)
+        return SampleRequest(sample_id, prompt_ids, held, budget, seed, query, exact=self.lengths is not None)

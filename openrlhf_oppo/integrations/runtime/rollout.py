@@ -128,6 +128,8 @@ class OppoRolloutActor(_BASE):
             params = deepcopy(sampling_params)
             params.output_kind = RequestOutputKind.DELTA
             params.max_tokens = req.max_tokens - len(req.held_ids)
+            if req.exact:
+                params.min_tokens = max(0, params.max_tokens)
             params.seed = req.seed
             self._tasks[req.sample_id] = asyncio.create_task(self._decode(req, params))
 

@@ -35,6 +35,7 @@ from copy import deepcopy
 from openrlhf_oppo import run_env
 from openrlhf_oppo.compat.patches import VLLM_VERSION
 from openrlhf_oppo.hooks import Patch
+from openrlhf_oppo.integrations.runtime import fixed_lengths
 from openrlhf_oppo.upstream import OPENRLHF_VERSION, ray_actor_classes
 
 SEED_KEY = "oppo_seed"  # SamplingParams.extra_args key: [run seed, step, slot]
@@ -124,7 +125,8 @@ def seeded_prompt_order(module) -> None:
 
 def seeded_rollouts_engine(module) -> None:
     """openrlhf 0.11.2 `RolloutRayActor.generate_responses` (engine side): a request
-    tagged by `seeded_rollouts_driver` runs its n samples with their own seeds."""
+    tagged by `seeded_rollouts_driver` runs its n samples with their own seeds; under
+    `task.fixed_lengths` each sample decodes its own fixed length."""
     cls, actor_cls = ray_actor_classes(module.RolloutRayActor)  # OPPO's rollout actor subclasses cls
     generate = cls.generate_responses
 
@@ -132,13 +134,16 @@ def seeded_rollouts_engine(module) -> None:
     async def generate_responses(self, prompt, label, sampling_params, max_length, hf_tokenizer,
                                  num_samples=1, images=None):
         tag = (sampling_params.extra_args or {}).get(SEED_KEY)
-        if tag is None:
+        lengths = fixed_lengths.from_env()
+        if tag is None and lengths is None:
             return await generate(self, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples, images)
-        run_seed, step, slot = tag
+
+        def params(j: int):
+            p = sampling_params if tag is None else seeded(sampling_params, request_seed(*tag, prompt, j))
+            return p if lengths is None else lengths.apply(p, prompt, j)
+
         groups = await asyncio.gather(*(
-            generate(self, prompt, label, seeded(sampling_params, request_seed(run_seed, step, slot, prompt, j)),
-                     max_length, hf_tokenizer, 1, images)
-            for j in range(num_samples)
+            generate(self, prompt, label, params(j), max_length, hf_tokenizer, 1, images) for j in range(num_samples)
         ))
         return [response for group in groups for response in group]
 

@@ -40,7 +40,7 @@ def test_oppo_section_is_passed_through_unparsed(tmp_path):
     [
         ("actr: {}\n", "unknown top-level key 'actr'; allowed: task, oppo, actor"),
         ("actor: {lrr: 1}\n", "unknown key 'actor.lrr'"),
-        ("task: {asets: x}\n", "unknown key 'task.asets'; allowed: assets"),
+        ("task: {asets: x}\n", "unknown key 'task.asets'; allowed: assets, variant, fixed_lengths"),
         ("train: {async_enable: 1}\n", None),
     ],
 )
