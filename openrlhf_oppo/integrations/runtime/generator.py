@@ -273,8 +273,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         for d in aborted:  # unseeded: a failure is not part of a reproducible run
             gid, held = self.scheduler.group_of(d.sample_id), self.scheduler.held_tokens(d.sample_id)
             j = self.scheduler.group_sample_ids(gid).index(d.sample_id)
-            req = self.prompts.request(gid, d.sample_id, j, held, None)
-            restarts.append((d, gid, req))
+            restarts.append((d, gid, req := self.prompts.request(gid, d.sample_id, j, held, None)))
             self.meter.reprefilled_tokens += len(req.prompt_ids) + len(held)
         self.engines.restart_aborted(restarts, self.sampling_params)
 
