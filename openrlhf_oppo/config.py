@@ -287,9 +287,11 @@ class TrainConfig:
 
     length_buckets: bool = _f(
         True,
-        "Group each optimizer step's samples into training micro-batches by length, so a long sample pads "
-        "only beside other long ones; the loss is one mean over the step's tokens (OpenRLHF 0.11.2), so the "
-        "gradient is unchanged. No effect with --ds.packing_samples or --train.dynamic_batch_enable.")
+        "Group each optimizer step's samples into training micro-batches by length, and each batch's samples "
+        "into experience making's micro-batches (the old log-prob, value, reference and reward forwards), so a "
+        "long sample pads only beside other long ones; the loss is one mean over the step's tokens (OpenRLHF "
+        "0.11.2) and each sample keeps its place for group baselines, so the gradient is unchanged. No effect "
+        "with --ds.packing_samples (training) or --train.dynamic_batch_enable.")
 
     def validate(self) -> None:
         _require(isinstance(self.length_buckets, bool), "train.length_buckets", "true or false", self.length_buckets)

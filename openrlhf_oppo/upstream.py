@@ -47,6 +47,11 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     # the streamed reference log-probs in place of the reference group's forward
     _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker._dispatch_forward", "wrapped",
        "integrations.runtime.reference"),
+    # experience making's micro-batches cut by length (--oppo.train.length_buckets)
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker.split_rollout_samples", "wrapped",
+       "integrations.runtime.micro_batches"),
+    _T("openrlhf.trainer.ppo_utils.experience.Experience.concat_experiences", "called",
+       "integrations.runtime.micro_batches"),
     _T("openrlhf.trainer.ray.vllm_engine.create_vllm_engines", "called", "integrations.runtime.trainer"),
     # OPPO's classes are subclasses of OpenRLHF's
     _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer", "subclassed", "integrations.runtime.trainer"),

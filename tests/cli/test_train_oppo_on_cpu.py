@@ -60,6 +60,14 @@ def test_the_actor_trains_length_bucketed_micro_batches(oppo_run):
     assert len(saved) == 4 and all(0.0 <= s < 1.0 for s in saved) and max(saved) > 0.0
 
 
+def test_experience_making_forwards_length_bucketed_micro_batches(oppo_run):
+    """The driver cut each batch into experience making's micro-batches by length: every step
+    reports the share of padded tokens saved against OpenRLHF's split in rollout order (8 samples
+    a step in 2 micro-batches of 4; 0 where rollout order happened to be sorted already)."""
+    saved = [row["oppo/experience_padding_saved"] for row in _metrics(oppo_run)]
+    assert len(saved) == 4 and all(0.0 <= s < 1.0 for s in saved) and max(saved) > 0.0
+
+
 def test_the_pass_trains_every_prompt_exactly_once_in_openrlhfs_step_count(oppo_run):
     """One pass over the 16 prompts is OpenRLHF's one episode: 16 / B = 4 steps (its
     max_steps and LR schedule), groups carried inside the pass, none left at its end."""

@@ -25,23 +25,19 @@ class NonFiniteError(FloatingPointError):
     """A step's batch or losses hold NaN/inf, or a sample has no response token."""
 
 
-def check_experiences(
-    experiences: Sequence, step: int, sample_ids: Sequence[int] | None, micro_batch_size: int | None
-) -> None:
+def check_experiences(experiences: Sequence, step: int, sample_ids: Sequence[int] | None) -> None:
     """Raise `NonFiniteError` naming every bad sample of the step's experiences.
 
-    ``sample_ids``: the batch's sample ids in rollout order; with ``micro_batch_size``
-    (OpenRLHF's fixed split, no dynamic batching) row r of experience k is sample
-    ``sample_ids[k * micro_batch_size + r]``, otherwise rows are named by position."""
+    ``sample_ids``: the batch's sample ids in rollout order; row r of an experience is sample
+    ``sample_ids[exp.index[r]]`` (OpenRLHF's `index`: each row's position in the rollout order,
+    whatever micro-batch it was put in), otherwise rows are named by position."""
     problems: list[str] = []
     for k, exp in enumerate(experiences):
         mask = exp.action_mask.bool() if exp.action_mask is not None else None
 
-        def who(row: int, k: int = k) -> str:
-            if sample_ids is not None and micro_batch_size:
-                i = k * micro_batch_size + row
-                if i < len(sample_ids):
-                    return f"sample {sample_ids[i]}"
+        def who(row: int, k: int = k, index: Sequence[int] | None = getattr(exp, "index", None)) -> str:
+            if sample_ids is not None and index is not None and row < len(index) and index[row] < len(sample_ids):
+                return f"sample {sample_ids[index[row]]}"
             return f"micro-batch {k} row {row}"
 
         if mask is not None:

@@ -32,6 +32,7 @@ from openrlhf_oppo.upstream import OPENRLHF_VERSION
 # the share of the padded training tokens a window's buckets saved: OpenRLHF's actor logs every
 # tensor of a micro-batch's `info` in its step's status, so it reaches the run's metrics as a key of its own
 PADDING_SAVED = "oppo/padding_saved"
+EXPERIENCE_PADDING_SAVED = "oppo/experience_padding_saved"  # the same for experience making's forwards
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -61,6 +62,55 @@ def _sorted(batches: list[list[int]], lengths: list[int]) -> list[list[int]]:
         out.append(order[start:start + len(batch)])
         start += len(batch)
     return out
+
+
+def experience_micro_batches(lengths: list[int], size: int, ranks: int) -> list[list[int]]:
+    """Experience making's micro-batches of sample indices with the least padding: the samples
+    sorted by `lengths`, cut into OpenRLHF's fixed split's sizes (`size`, the last one short),
+    and ordered so that the `ranks` contiguous runs `async_run_method_batch` hands each data-
+    parallel rank (ceil(M / ranks) micro-batches each, the last rank the rest) hold about equal
+    padded tokens: longest first, each to the least-loaded rank with room."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    cuts = [order[i:i + size] for i in range(0, len(order), size)]
+    per = -(-len(cuts) // max(ranks, 1))
+    room = [max(0, min(per, len(cuts) - r * per)) for r in range(max(ranks, 1))]
+    load, held = [0] * len(room), [[] for _ in room]
+    for cut in sorted(cuts, key=lambda c: -padded_tokens([c], lengths)):
+        r = min((r for r in range(len(room)) if len(held[r]) < room[r]), key=lambda r: (load[r], r))
+        held[r].append(cut)
+        load[r] += padded_tokens([cut], lengths)
+    return [cut for rank in held for cut in rank]
+
+
+def bucket_experience_making(maker) -> dict[str, float]:
+    """Make OpenRLHF's experience `maker` (`RemoteExperienceMaker`, in the driver) split a batch into
+    `experience_micro_batches` instead of cutting it in rollout order: the actor, critic, reward and
+    reference forwards pad each sample only to the longest beside it. Each sample keeps its
+    `index` (its position in the batch), by which OpenRLHF puts group baselines and rewards back in
+    rollout order, so only the padding changes; as many micro-batches as before, so every data-
+    parallel rank still makes as many forward calls. Left as it was with dynamic batches.
+    Returns {EXPERIENCE_PADDING_SAVED: the last batch's share of padded tokens saved}."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    args, group = maker.strategy.args, maker.actor_model_group
+    ranks = len(group._actor_handlers) // group.duplicate_actors
+    split, stats = maker.split_rollout_samples, {}
+
+    def split_rollout_samples(rollout_samples):
+        if args.train.dynamic_batch_enable:
+            return split(rollout_samples)
+        for i, sample in enumerate(rollout_samples):
+            sample.index = [i]
+        lengths, size = [s.sequences.shape[-1] for s in rollout_samples], args.rollout.micro_batch_size
+        cuts = experience_micro_batches(lengths, size, ranks)
+        plain = [list(range(len(lengths)))[i:i + size] for i in range(0, len(lengths), size)]
+        stats[EXPERIENCE_PADDING_SAVED] = 1.0 - padded_tokens(cuts, lengths) / max(padded_tokens(plain, lengths), 1)
+        return [Experience.concat_experiences([rollout_samples[i] for i in cut], maker.tokenizer.pad_token_id)
+                for cut in cuts]
+
+    split_rollout_samples.__wrapped__ = split
+    maker.split_rollout_samples = split_rollout_samples
+    return stats
 
 
 def padded_tokens(batches: Iterable[list[int]], lengths: list[int]) -> int:

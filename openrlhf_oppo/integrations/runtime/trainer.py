@@ -47,7 +47,7 @@ from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.core import OverlapScheduler
-from openrlhf_oppo.integrations.runtime import background_sync, faults, guards
+from openrlhf_oppo.integrations.runtime import background_sync, faults, guards, micro_batches
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
@@ -120,13 +120,12 @@ class OppoPPOTrainerImpl(_BASE):
         def checked_experience_batch(rollout_samples):
             # between OpenRLHF's forwards and its PPO update: no NaN, no empty response is trained on
             experiences = make_experience_batch(rollout_samples)
-            gen = self.samples_generator
-            fixed_split = not self.args.train.dynamic_batch_enable
-            guards.check_experiences(experiences, gen.step, gen.batch_sample_ids,
-                                     self.args.rollout.micro_batch_size if fixed_split else None)
+            guards.check_experiences(experiences, self.samples_generator.step, self.samples_generator.batch_sample_ids)
             return experiences
 
         self.experience_maker.make_experience_batch = checked_experience_batch
+        self.experience_padding = (micro_batches.bucket_experience_making(self.experience_maker)
+                                   if self.samples_generator.oppo.train.length_buckets else {})
 
     def broadcast_to_vllm(self) -> None:
         gen = self.samples_generator
@@ -151,7 +150,7 @@ class OppoPPOTrainerImpl(_BASE):
         status, step = super().train_step(rollout_samples, global_step)
         guards.check_losses(status, self.samples_generator.step)
         # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
-        status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]))
+        status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]), **self.experience_padding)
         path = run_env.path(run_env.METRICS_JSONL)
         if path:
             row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}

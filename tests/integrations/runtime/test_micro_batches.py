@@ -140,3 +140,108 @@ def test_the_flag_reaches_the_config(value):
 
     cfg = config.from_dict({"train": {"length_buckets": value}})
     assert micro_batches.enabled({run_env.CONFIG_JSON: json.dumps(config.to_dict(cfg))}) is value
+
+
+# ---------------------------------------------------------------- experience making's micro-batches
+
+
+def test_experience_micro_batches_pad_least_and_give_each_rank_equal_work():
+    lengths = [5, 100, 7, 90, 6, 8, 95, 4]
+    # sorted: 4 5 6 7 8 90 95 100 -> cuts [7 0] (2x5), [4 2] (2x7), [5 3] (2x90), [6 1] (2x100); two ranks take
+    # two micro-batches each: 200 -> rank 0, 180 -> rank 1, 14 -> rank 1 (194 < 200), 10 -> rank 0 (rank 1 full)
+    out = micro_batches.experience_micro_batches(lengths, size=2, ranks=2)
+    assert out == [[6, 1], [7, 0], [5, 3], [4, 2]]
+    assert micro_batches.padded_tokens(out, lengths) == 404
+    # in rollout order (OpenRLHF's split): [5 100] [7 90] [6 8] [95 4] = 200 + 180 + 16 + 190
+    assert micro_batches.padded_tokens([[0, 1], [2, 3], [4, 5], [6, 7]], lengths) == 586
+    # rank 0's run (the first two) and rank 1's hold 210 and 194 padded tokens
+    assert [micro_batches.padded_tokens(out[:2], lengths), micro_batches.padded_tokens(out[2:], lengths)] == [210, 194]
+
+
+@pytest.mark.parametrize("n, size, ranks", [(5, 2, 1), (16, 4, 1), (14, 2, 3), (12, 4, 3)])
+def test_experience_micro_batches_keep_openrlhfs_sizes_and_calls_per_rank(n, size, ranks):
+    """Every sample once; the micro-batch sizes OpenRLHF's fixed split makes (the last one short);
+    and each rank's contiguous run as long as `async_run_method_batch` cuts it (ZeRO-3: every rank
+    makes as many forward calls)."""
+    lengths = [(7 * i) % 11 + 1 for i in range(n)]
+    out = micro_batches.experience_micro_batches(lengths, size, ranks)
+    assert sorted(i for cut in out for i in cut) == list(range(n))
+    assert sorted(map(len, out)) == sorted(len(range(n)[i:i + size]) for i in range(0, n, size))
+    per = -(-len(out) // ranks)
+    for r in range(ranks):
+        assert micro_batches.padded_tokens(out[r * per:(r + 1) * per], lengths) > 0
+    assert micro_batches.padded_tokens(out, lengths) <= micro_batches.padded_tokens(
+        [list(range(n))[i:i + size] for i in range(0, n, size)], lengths)
+
+
+def _maker(estimator: str, bucketed: bool):
+    """OpenRLHF 0.11.2's `RemoteExperienceMaker` with only what splitting and advantages read."""
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+    ns = SimpleNamespace
+    args = ns(train=ns(dynamic_batch_enable=False), rollout=ns(micro_batch_size=2, n_samples_per_prompt=2),
+              algo=ns(advantage=ns(estimator=estimator, gamma=1.0, lambd=0.95, no_std_norm=False)),
+              reward=ns(clip_range=None))
+    maker = object.__new__(RemoteExperienceMaker)
+    maker.strategy, maker.args, maker.advantage_estimator = ns(args=args), args, estimator
+    maker.kl_ctl, maker.tokenizer = ns(value=0.01), ns(pad_token_id=0)
+    maker.actor_model_group = ns(_actor_handlers=["rank0", "rank1"], duplicate_actors=1)
+    maker.padding = micro_batches.bucket_experience_making(maker) if bucketed else None
+    return maker
+
+
+def _rollout(lengths: list[int]) -> list[Experience]:
+    """Single-sample experiences as the generator hands them over (groups of 2 in a row), with the
+    values and KL the forwards would have attached."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i, n in enumerate(lengths):
+        sequences = torch.randint(1, VOCAB, (1, PROMPT + n), generator=gen)
+        sequences[0, 0] = i + 1  # tells samples apart
+        out.append(Experience(sequences=sequences, attention_mask=torch.ones_like(sequences),
+                              action_mask=torch.ones(1, n, dtype=torch.bool), values=torch.randn(1, n, generator=gen),
+                              kl=0.1 * torch.randn(1, n, generator=gen), rewards=torch.randn(1, generator=gen),
+                              info={}, prompts=[f"p{i // 2}"], labels=["l"]))
+    return out
+
+
+@pytest.mark.parametrize("estimator", ["group_norm", "rloo", "gae"])
+def test_bucketed_experience_making_gives_every_sample_openrlhfs_advantages(estimator):
+    """Same batch, OpenRLHF's split and the bucketed one: every sample gets the same advantages
+    and returns (group baselines follow OpenRLHF's `index`, not the micro-batch a sample sits
+    in), and the forwards pad fewer tokens."""
+    lengths = [3, 40, 5, 38, 4, 6, 41, 2]
+    results = {}
+    for bucketed in (False, True):
+        maker = _maker(estimator, bucketed)
+        batches = maker.split_rollout_samples(_rollout(lengths))
+        padded = sum(b.sequences.numel() for b in batches)
+        experiences = type(maker).compute_advantages_and_returns(maker, batches)  # OpenRLHF's own
+        per_sample = {}
+        for exp in experiences:
+            for row, i in enumerate(exp.index):
+                n = int(exp.action_mask[row].sum())
+                per_sample[i] = (exp.sequences[row, :PROMPT + n], exp.advantages[row, :n], exp.returns[row, :n])
+        results[bucketed] = per_sample, padded, len(batches)
+    (plain, plain_padded, plain_calls), (ours, ours_padded, ours_calls) = results[False], results[True]
+    # 2 prompt tokens each: [3 40] [5 38] [4 6] [41 2] pad to 2 x (42 + 40 + 8 + 43) = 266 tokens,
+    # [2 3] [4 5] [6 38] [40 41] to 2 x (5 + 7 + 40 + 43) = 190
+    assert (plain_padded, ours_padded) == (266, 190)
+    assert maker.padding == {micro_batches.EXPERIENCE_PADDING_SAVED: pytest.approx(1 - 190 / 266)}
+    assert sorted(ours) == sorted(plain) == list(range(len(lengths))) and ours_calls == plain_calls == 4
+    for i in plain:
+        assert torch.equal(ours[i][0], plain[i][0])
+        torch.testing.assert_close(ours[i][1], plain[i][1])
+        torch.testing.assert_close(ours[i][2], plain[i][2])
+    assert ours_padded < plain_padded
+
+
+def test_dynamic_batches_are_left_to_openrlhf():
+    maker = _maker("gae", bucketed=False)
+    maker.split_rollout_samples = lambda samples: ("openrlhf's split", samples)
+    micro_batches.bucket_experience_making(maker)
+    samples = _rollout([3, 4])
+    maker.args.train.dynamic_batch_enable = True
+    assert maker.split_rollout_samples(samples) == ("openrlhf's split", samples)
+    maker.args.train.dynamic_batch_enable = False
+    assert [b.index for b in maker.split_rollout_samples(samples)] == [[0, 1]]
