@@ -61,19 +61,18 @@ def reward_fit(spans: list[dict]) -> dict[str, float] | None:
 
 
 def step_tokens(rollouts: Path, prompt_tokens: int, micro_batch: int, packing: bool,
-                buckets: bool = False) -> tuple[list[int], list[int], list[int]]:
-    """(tokens make_experience processes per step, tokens training processes per step, every
-    response length) from rollouts.jsonl: padded per micro-batch of the step's samples in order,
-    for training sorted by length first where the run grouped its micro-batches by length."""
-    experience, train, lengths = [], [], []
+                buckets: bool = False) -> tuple[list[int], list[int]]:
+    """(tokens make_experience's forwards and training each process per step, every response
+    length) from rollouts.jsonl: padded per micro-batch of the step's samples in order, or sorted
+    by length first where the run grouped its micro-batches by length (both phases)."""
+    tokens, lengths = [], []
     for line in rollouts.read_text().splitlines():
         if not line.strip():
             continue
         seqs = [len(s["sequence"]) for s in json.loads(line)["samples"]]
         lengths += [max(1, n - prompt_tokens) for n in seqs]
-        experience.append(padded_tokens(seqs, micro_batch, packing))
-        train.append(padded_tokens(seqs, micro_batch, packing, buckets))
-    return experience, train, lengths
+        tokens.append(padded_tokens(seqs, micro_batch, packing, buckets))
+    return tokens, lengths
 
 
 def length_buckets(run: Path) -> bool:
@@ -108,12 +107,11 @@ def calibrate(run_dirs: list[Path], base: presets.SimConfig, prompt_tokens: int,
         if not tl.is_dir() or not ro.exists():
             raise ValueError(f"{run}: a run directory needs timeline/ and rollouts.jsonl (from `openrlhf-oppo train`)")
         rows = timeline.read(tl)
-        per_step, train_tokens, lens = step_tokens(ro, prompt_tokens, w.micro_batch_size, w.packing,
-                                                   length_buckets(run))
+        per_step, lens = step_tokens(ro, prompt_tokens, w.micro_batch_size, w.packing, length_buckets(run))
         lengths += lens
         gen_over.append(generate_overhead(rows))
         lives += fitting.decode_lives(rows, warmup_steps)
-        phases += phase_points(rows, per_step, warmup_steps, experience_forwards(rows, w), train_tokens)
+        phases += phase_points(rows, per_step, warmup_steps, experience_forwards(rows, w))
         syncs += sync_seconds(rows)[warmup_steps:]
         reward_spans += [r for r in rows if r["kind"] == "span" and r["role"] == "reward"
                          and r["stage"] in ("prefill", "score") and r.get("tokens")]
@@ -152,19 +150,16 @@ def experience_forwards(rows: list[dict], w: presets.Workload) -> int:
     return 1 + int(w.reference) + int(w.critic) + int(w.reward_model and not streamed)
 
 
-def phase_points(rows: list[dict], per_step: list[int], warmup_steps: int,
-                 forwards: int, train_tokens: list[int] | None = None) -> list[fitting.PhasePoint]:
+def phase_points(rows: list[dict], per_step: list[int], warmup_steps: int, forwards: int) -> list[fitting.PhasePoint]:
     """Each step's make_experience and train spans after warm-up, with the tokens the phase
-    processes (make_experience: the step's tokens x its `forwards`; train: `train_tokens`, by
-    default the same) and the share of the span during which some response was decoding (on a
-    shared host: slower)."""
+    processes (make_experience: the step's tokens x its `forwards`; train: the step's tokens) and
+    the share of the span during which some response was decoding (on a shared host: slower)."""
     decoding = timeline.merge([(r["t0"], r["t1"]) for r in rows if r["kind"] == "sample"])
     out = []
     for stage in fitting.TRAIN_STAGES:
         spans = timeline.stage_spans(rows, "driver", stage)
         scale = forwards if stage == "make_experience" else 1
-        steps = per_step if stage == "make_experience" or train_tokens is None else train_tokens
-        for r, tokens in list(zip(spans, steps))[warmup_steps:]:
+        for r, tokens in list(zip(spans, per_step))[warmup_steps:]:
             dur = r["t1"] - r["t0"]
             share = timeline.covered_s(decoding, r["t0"], r["t1"]) / dur if dur > 0 else 0.0
             out.append(fitting.PhasePoint(stage, float(tokens * scale), dur, share))

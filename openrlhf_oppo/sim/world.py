@@ -34,7 +34,7 @@ TRAIN_WORKER = 0  # the training devices draw as one worker per role
 def padded_tokens(seqs: list[int], micro_batch: int, packing: bool, buckets: bool = False) -> int:
     """Tokens a phase processes for sequences of these lengths: their sum with packing, else each
     micro-batch of `micro_batch` in order padded to its longest (with `buckets`: sorted by length
-    first, as OPPO's `train.length_buckets` groups them)."""
+    first, as OPPO's `train.length_buckets` groups them for training and experience making)."""
     if packing:
         return sum(seqs)
     seqs = sorted(seqs) if buckets else seqs
@@ -92,7 +92,7 @@ class World:
         self.decoded_at: list[tuple[float, int]] = []
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
-        self.length_buckets = False  # training micro-batches grouped by length (OPPO's train.length_buckets)
+        self.length_buckets = False  # micro-batches grouped by length (OPPO's train.length_buckets)
         self._issued: tuple[float, list[Request]] = (-1.0, [])  # (time, requests made then): about to decode
 
     # ----------------------------------------------------------------- hooks (drivers override)
@@ -129,7 +129,7 @@ class World:
         forward in them (`sim.streamer`). On a shared host each phase's compute runs slower for
         the share of it during which responses decode (`costs.shared_phase_s`)."""
         c, w = self.costs, self.cfg.workload
-        tokens = self.train_tokens(lengths)
+        tokens = self.train_tokens(lengths, self.length_buckets)  # OPPO cuts make_experience's micro-batches alike
         self._hold_engines(now_s)
         decode_end_s = now_s + self._decoding_left_s()
         t = now_s
@@ -152,7 +152,7 @@ class World:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += c.phase_overhead_s + c.experience_overhead_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
-        train_s = c.train_s(self.train_tokens(lengths, self.length_buckets))
+        train_s = c.train_s(tokens)
         end = self._train(t, train_s * self._slowed(train_s, c.phase_overhead_s, decode_end_s - t))
         self.train_busy.append((busy_from, end))
         self.loop.at(end, self._release_engines, end)

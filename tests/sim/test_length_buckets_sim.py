@@ -1,6 +1,6 @@
-"""Length-bucketed training micro-batches in the simulator and its calibration: an OPPO schedule
-trains micro-batches of its step's responses sorted by length, make_experience keeps their order;
-`calibrate` reads which runs did so from their command."""
+"""Length-bucketed micro-batches in the simulator and its calibration: an OPPO schedule forwards
+(make_experience) and trains micro-batches of its step's responses sorted by length; `calibrate`
+reads which runs did so from their command."""
 
 from __future__ import annotations
 
@@ -27,17 +27,18 @@ def test_train_tokens_with_buckets_hand_computed():
     assert world.train_tokens(lengths, buckets=True) == 4 * 48 + 4 * 908
 
 
-def _train_spans(res: drivers.RunResult) -> list[float]:
+def _spans(res: drivers.RunResult, stage: str) -> list[float]:
     return [r["t1"] - r["t0"] for r in res.rows if r["kind"] == "span" and r["role"] == "driver"
-            and r["stage"] == "train"]
+            and r["stage"] == stage]
 
 
-def test_oppo_trains_bucketed_micro_batches_and_oppo_padded_does_not():
+def test_oppo_forwards_and_trains_bucketed_micro_batches_and_oppo_padded_does_not():
     cfg = load_preset("cpu-longtail", ["workload.seeds=1"])
     costs = cost_model.build(cfg)
-    runs = {s: drivers.simulate(cfg, costs, s, 0) for s in ("oppo", "oppo-padded", "oversample")}
-    per_step = {s: sum(_train_spans(r)) / len(_train_spans(r)) for s, r in runs.items()}
-    assert per_step["oppo"] < 0.9 * per_step["oppo-padded"]  # the longtail's stragglers pad less
+    runs = {s: drivers.simulate(cfg, costs, s, 0) for s in ("oppo", "oppo-padded")}
+    for stage in ("train", "make_experience"):
+        per_step = {s: sum(_spans(r, stage)) / len(_spans(r, stage)) for s, r in runs.items()}
+        assert per_step["oppo"] < 0.9 * per_step["oppo-padded"], stage  # the longtail's stragglers pad less
     assert OppoDriver(cfg, costs, 0, "oppo").length_buckets
     assert not OppoDriver(cfg, costs, 0, "oppo-padded").length_buckets
 
@@ -49,12 +50,12 @@ def _rollouts(root, steps: list[list[int]]):
     return root / "rollouts.jsonl"
 
 
-def test_calibrate_counts_a_bucketed_runs_training_tokens_sorted(tmp_path):
+def test_calibrate_counts_a_bucketed_runs_tokens_sorted(tmp_path):
     path = _rollouts(tmp_path, [[10, 50, 12, 40]])
     # micro-batches of 2: in order [10 50] [12 40] -> 100 + 80; sorted [10 12] [40 50] -> 24 + 100
-    assert calibrate.step_tokens(path, PROMPT, 2, False) == ([180], [180], [2, 42, 4, 32])
-    assert calibrate.step_tokens(path, PROMPT, 2, False, buckets=True) == ([180], [124], [2, 42, 4, 32])
-    assert calibrate.step_tokens(path, PROMPT, 2, True, buckets=True)[:2] == ([112], [112])  # packed: no padding
+    assert calibrate.step_tokens(path, PROMPT, 2, False) == ([180], [2, 42, 4, 32])
+    assert calibrate.step_tokens(path, PROMPT, 2, False, buckets=True) == ([124], [2, 42, 4, 32])
+    assert calibrate.step_tokens(path, PROMPT, 2, True, buckets=True)[0] == [112]  # packed: no padding
 
 
 @pytest.mark.parametrize(("argv", "bucketed"), [
@@ -67,8 +68,8 @@ def test_calibrate_reads_whether_a_run_bucketed_from_its_command(tmp_path, argv,
     assert calibrate.length_buckets(tmp_path) is bucketed
 
 
-def test_phase_points_take_the_training_tokens_for_the_train_spans():
+def test_phase_points_scale_make_experience_by_its_forwards():
     rows = [{"kind": "span", "role": "driver", "stage": stage, "t0": t, "t1": t + 1.0}
             for t, stage in ((0.0, "make_experience"), (1.0, "train"))]
-    points = calibrate.phase_points(rows, [180], 0, forwards=3, train_tokens=[124])
-    assert [(p.stage, p.tokens) for p in points] == [("make_experience", 540.0), ("train", 124.0)]
+    points = calibrate.phase_points(rows, [124], 0, forwards=3)
+    assert [(p.stage, p.tokens) for p in points] == [("make_experience", 372.0), ("train", 124.0)]
