@@ -75,10 +75,10 @@ def experience_micro_batches(lengths: list[int], size: int, ranks: int) -> list[
     per = -(-len(cuts) // max(ranks, 1))
     room = [max(0, min(per, len(cuts) - r * per)) for r in range(max(ranks, 1))]
     load, held = [0] * len(room), [[] for _ in room]
-    for cut in sorted(cuts, key=lambda c: -padded_tokens([c], lengths)):
+    for cost, cut in sorted(((padded_tokens([c], lengths), c) for c in cuts), key=lambda pair: -pair[0]):
         r = min((r for r in range(len(room)) if len(held[r]) < room[r]), key=lambda r: (load[r], r))
         held[r].append(cut)
-        load[r] += padded_tokens([cut], lengths)
+        load[r] += cost
     return [cut for rank in held for cut in rank]
 
 
