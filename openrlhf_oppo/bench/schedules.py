@@ -32,11 +32,13 @@ mean step s / this schedule's, taken repeat by repeat (repeat k with repeat k; a
 this one is faster); `x best` is the same against the OpenRLHF mode with the lowest mean
 step s. `spread` is (max - min) / median of a schedule's mean step s over its repeats: how
 far identical runs land apart (unknown with one repeat). The verdict takes the OPPO
-schedule with the lowest mean step s, its `x sync` and `x best`, and the largest spread
-among it, sync and the best OpenRLHF mode, and says whether each ratio's min - 1 exceeds
-that spread. On a host without a GPU it adds the ceiling no overlap passes there: the best
-OPPO schedule's trained tok/s with every core busy at its CPU seconds per token, over the best
-mode's. Writes `summary.json` (`rows`, `verdict`, `runs`); asserts nothing.
+schedule with the lowest mean step s, its `x sync` and its ratio against every OpenRLHF mode
+that could be the fastest (the best, and every mode whose lowest mean step s reaches the
+best's highest: modes within each other's spread tie), and the largest spread among it, sync
+and those modes, and says whether each ratio's min - 1 exceeds that spread; against the best
+only when it does against every one of them. On a host without a GPU it adds the ceiling no
+overlap passes there: the best OPPO schedule's trained tok/s with every core busy at its CPU
+seconds per token, over the best mode's. Writes `summary.json` (`rows`, `verdict`, `runs`); asserts nothing.
 """
 
 from __future__ import annotations
@@ -186,9 +188,10 @@ class Verdict:
         vs_sync: sync's mean step s / best_oppo's, repeat by repeat, (median, min, max).
         vs_best: best_openrlhf's mean step s / best_oppo's, the same way.
         spread: the largest (max - min) / median of mean step s over repeats among best_oppo,
-            sync and best_openrlhf; None (unknown) when one of them has under two repeats.
+            sync and the rivals; None (unknown) when one of them has under two repeats.
         vs_sync_beyond_spread: vs_sync's min - 1 > spread; None when either is unknown.
-        vs_best_beyond_spread: vs_best's min - 1 > spread; None when either is unknown.
+        vs_best_beyond_spread: the ratio's min - 1 > spread against every rival, not only the best;
+            None when one is unknown.
         work_vs_best: best_oppo's response tokens trained a step / best_openrlhf's (medians of trained
             tok/s x mean step s); away from 1 by more than the spread, the two steps held unequal work
             (e.g. a policy that drifted to shorter answers) and mean step s flatters the faster one.
@@ -196,6 +199,10 @@ class Verdict:
             busy), each repeat by repeat, and on a host without a GPU `ceiling`: the most best_oppo's CPU
             per token lets it reach there at equal work, a bound no overlap passes; None without samples.
         cores: the host's cores (None on a GPU host or without samples); cores_busy: best_oppo's (median).
+        rivals: every OpenRLHF mode that could be the fastest, best_openrlhf first: those whose lowest
+            mean step s over repeats is at or below best_openrlhf's highest (two modes within each
+            other's spread tie, and picking one by its median would let the verdict flip with the
+            pick), each with best_oppo's ratio against it, as vs_best.
     """
 
     best_oppo: str | None
@@ -209,6 +216,7 @@ class Verdict:
     cpu_vs_best: dict | None = None
     cores: int | None = None
     cores_busy: float | None = None
+    rivals: dict | None = None
 
 
 def _tokens_a_step(row: dict) -> float | None:
@@ -232,14 +240,19 @@ def verdict(rows: list[dict]) -> Verdict:
         return Verdict(best_oppo, best, NONE3, NONE3, None, None, None)
     row = by_name[best_oppo]
     vs_sync = row["x"].get("sync", NONE3)
-    compared = {best_oppo, best, *(["sync"] if "sync" in by_name else [])}
+    best_highest = by_name[best]["mean_step_s"][2]
+    rivals = [best, *(m for m in row["x"] if m != best and by_name[m]["mean_step_s"][1] is not None
+                      and best_highest is not None and by_name[m]["mean_step_s"][1] <= best_highest)]
+    compared = {best_oppo, *rivals, *(["sync"] if "sync" in by_name else [])}
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
+    beyond = [_beyond(row["x"][m], spread_rel) for m in rivals]
     work = [_tokens_a_step(by_name[s]) for s in (best_oppo, best)]
     return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
-                   _beyond(vs_sync, spread_rel), _beyond(row["x_best"], spread_rel),
+                   _beyond(vs_sync, spread_rel), None if None in beyond else all(beyond),
                    work[0] / work[1] if None not in work and work[1] > 0 else None,
-                   row.get("x_best_cpu"), row.get("cores"), row.get("cores_busy", NONE3)[0])
+                   row.get("x_best_cpu"), row.get("cores"), row.get("cores_busy", NONE3)[0],
+                   {m: row["x"][m] for m in rivals})
 
 
 def _percent(x: float | None) -> str:
@@ -271,14 +284,22 @@ def print_verdict(v: Verdict) -> None:
         print("verdict: none (needs an OPPO schedule and an OpenRLHF mode)")
         return
     print(f"verdict: best OPPO schedule {v.best_oppo} (lowest mean step s), repeat by repeat, median [min-max]:")
-    for name, ratio, beyond in (("sync", v.vs_sync, v.vs_sync_beyond_spread),
-                                (f"{v.best_openrlhf} (best OpenRLHF)", v.vs_best, v.vs_best_beyond_spread)):
+    rivals = v.rivals or {v.best_openrlhf: v.vs_best}
+    lines = [("sync", v.vs_sync), *((f"{m} (best OpenRLHF)" if m == v.best_openrlhf else
+                                     f"{m} (within {v.best_openrlhf}'s range: it could be the fastest)", ratio)
+                                    for m, ratio in rivals.items() if m == v.best_openrlhf or m != "sync")]
+    for name, ratio in lines:
         if ratio[0] is None:
             print(f"  x {name}: -")
             continue
+        beyond = _beyond(ratio, v.spread)
         judged = ("unknown (spread unknown)" if beyond is None else
                   "larger than the spread" if beyond else "NOT larger than the spread")
         print(f"  x {name}: {fmt(ratio, '.2f')}; effect (min - 1) {100 * (ratio[1] - 1):+.0f}%: {judged}")
+    if len(rivals) > 1:
+        judged = {None: "unknown", True: "larger", False: "NOT larger"}[v.vs_best_beyond_spread]
+        print(f"  against the best OpenRLHF mode: {judged} than the spread against every mode that could be the "
+              f"fastest ({', '.join(rivals)})")
     if v.work_vs_best is not None:
         unequal = v.spread is not None and abs(v.work_vs_best - 1.0) > v.spread
         print(f"  work: {v.best_oppo}'s steps held {v.work_vs_best:.2f}x the response tokens of {v.best_openrlhf}'s"

@@ -86,6 +86,31 @@ def test_verdict_says_an_effect_beyond_the_spread():
     assert v.vs_sync_beyond_spread is True and v.vs_best_beyond_spread is True  # 2.0 - 1 > 0.1
 
 
+def test_verdict_judges_against_every_mode_that_could_be_the_fastest(capsys):
+    """Two OpenRLHF modes whose mean steps overlap over repeats tie: the one with the lower median
+    is named best, and the verdict holds only if the effect beats the spread against both."""
+    rows = schedules.report({"sync": runs(12.0, 12.0, 12.0), "oversample": runs(6.0, 6.0, 5.5),
+                             "async": runs(5.0, 7.0, 7.0), "oppo": runs(4.0, 4.0, 4.0)})
+    v = schedules.verdict(rows)
+    assert v.best_openrlhf == "oversample"  # median 6.0 < async's 7.0
+    assert list(v.rivals) == ["oversample", "async"]  # async's 5.0 <= oversample's highest 6.0; sync's 12 is not
+    assert v.vs_best == v.rivals["oversample"] == (1.5, 1.375, 1.5)
+    assert v.rivals["async"] == (1.75, 1.25, 1.75)
+    assert v.spread == pytest.approx(2 / 7)  # async's (7 - 5) / 7, now compared
+    assert v.vs_best_beyond_spread is False  # 1.375 - 1 > 2/7, but 1.25 - 1 < 2/7
+    assert v.vs_sync_beyond_spread is True  # 3.0 - 1 > 2/7
+    schedules.print_verdict(v)
+    out = capsys.readouterr().out
+    assert "x oversample (best OpenRLHF): 1.50 [1.38-1.50]; effect (min - 1) +38%: larger than the spread" in out
+    assert "x async (within oversample's range: it could be the fastest): 1.75 [1.25-1.75]; effect (min - 1) +25%: " \
+           "NOT larger than the spread" in out
+    assert ("against the best OpenRLHF mode: NOT larger than the spread against every mode that could be the "
+            "fastest (oversample, async)") in out
+    apart = schedules.verdict(schedules.report({"oversample": runs(6.0, 6.0, 5.5), "async": runs(6.5, 7.0, 7.0),
+                                                "oppo": runs(4.0, 4.0, 4.0)}))
+    assert list(apart.rivals) == ["oversample"] and apart.vs_best_beyond_spread is True  # 6.5 > 6.0: no tie
+
+
 def test_verdict_says_when_the_steps_held_unequal_work(capsys):
     """A schedule whose steps trained fewer tokens (its policy drifted to shorter answers) is
     faster a step without being faster: the verdict says so."""
