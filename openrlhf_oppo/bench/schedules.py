@@ -195,6 +195,7 @@ class Verdict:
         work_vs_best: best_oppo's response tokens trained a step / best_openrlhf's (medians of trained
             tok/s x mean step s); away from 1 by more than the spread, the two steps held unequal work
             (e.g. a policy that drifted to shorter answers) and mean step s flatters the faster one.
+        work_vs_sync: the same against sync (None without sync, or where sync is best_openrlhf).
         cpu_vs_best: vs_best as the product of `cpu_use.factors` (work a step, CPU per token, cores
             busy), each repeat by repeat, and on a host without a GPU `ceiling`: the most best_oppo's CPU
             per token lets it reach there at equal work, a bound no overlap passes; None without samples.
@@ -217,11 +218,17 @@ class Verdict:
     cores: int | None = None
     cores_busy: float | None = None
     rivals: dict | None = None
+    work_vs_sync: float | None = None
 
 
 def _tokens_a_step(row: dict) -> float | None:
     tok, step = row["trained_tokens_per_s"][0], row["mean_step_s"][0]
     return None if tok is None or step is None else tok * step
+
+
+def _work_ratio(row: dict, base: dict) -> float | None:
+    tokens, base_tokens = _tokens_a_step(row), _tokens_a_step(base)
+    return None if tokens is None or not base_tokens else tokens / base_tokens
 
 
 def _beyond(ratio: Spread, spread_rel: float | None) -> bool | None:
@@ -247,12 +254,12 @@ def verdict(rows: list[dict]) -> Verdict:
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
     beyond = [_beyond(row["x"][m], spread_rel) for m in rivals]
-    work = [_tokens_a_step(by_name[s]) for s in (best_oppo, best)]
     return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
                    _beyond(vs_sync, spread_rel), None if None in beyond else all(beyond),
-                   work[0] / work[1] if None not in work and work[1] > 0 else None,
+                   _work_ratio(row, by_name[best]),
                    row.get("x_best_cpu"), row.get("cores"), row.get("cores_busy", NONE3)[0],
-                   {m: row["x"][m] for m in rivals})
+                   {m: row["x"][m] for m in rivals},
+                   _work_ratio(row, by_name["sync"]) if "sync" in by_name and best != "sync" else None)
 
 
 def _percent(x: float | None) -> str:
@@ -292,18 +299,18 @@ def print_verdict(v: Verdict) -> None:
         if ratio[0] is None:
             print(f"  x {name}: -")
             continue
-        beyond = _beyond(ratio, v.spread)
-        judged = ("unknown (spread unknown)" if beyond is None else
-                  "larger than the spread" if beyond else "NOT larger than the spread")
+        judged = {None: "unknown (spread unknown)", True: "larger than the spread",
+                  False: "NOT larger than the spread"}[_beyond(ratio, v.spread)]
         print(f"  x {name}: {fmt(ratio, '.2f')}; effect (min - 1) {100 * (ratio[1] - 1):+.0f}%: {judged}")
     if len(rivals) > 1:
         judged = {None: "unknown", True: "larger", False: "NOT larger"}[v.vs_best_beyond_spread]
         print(f"  against the best OpenRLHF mode: {judged} than the spread against every mode that could be the "
               f"fastest ({', '.join(rivals)})")
-    if v.work_vs_best is not None:
-        unequal = v.spread is not None and abs(v.work_vs_best - 1.0) > v.spread
-        print(f"  work: {v.best_oppo}'s steps held {v.work_vs_best:.2f}x the response tokens of {v.best_openrlhf}'s"
-              + ("; beyond the spread, so mean step s compares unequal work: read trained tok/s" if unequal else ""))
+    for mode, work in ((v.best_openrlhf, v.work_vs_best), ("sync", v.work_vs_sync)):
+        if work is not None:
+            unequal = v.spread is not None and abs(work - 1.0) > v.spread
+            print(f"  work: {v.best_oppo}'s steps held {work:.2f}x the response tokens of {mode}'s" + (
+                "; beyond the spread, so mean step s compares unequal work: read trained tok/s" if unequal else ""))
     if v.cpu_vs_best:
         f = v.cpu_vs_best
         print(f"  why (cpu.jsonl), repeat by repeat: x {v.best_openrlhf} = work a step {fmt(f['work'], '.2f')} "
@@ -312,10 +319,8 @@ def print_verdict(v: Verdict) -> None:
             print(f"  ceiling: {v.best_oppo} kept {v.cores_busy:.2f} of {v.cores} shared cores busy; at its CPU per "
                   f"token, equal work and every core busy it would be {fmt(f['ceiling'], '.2f')}x "
                   f"{v.best_openrlhf}: no overlap passes that")
-    if v.spread is None:
-        print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)")
-    else:
-        print(f"  largest spread between identical runs of these schedules: {_percent(v.spread)}")
+    print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)"
+          if v.spread is None else f"  largest spread between identical runs of these schedules: {_percent(v.spread)}")
 
 
 def stopped(bench: str, run, done: int, total: int, resume: str = "") -> int | None:

@@ -125,6 +125,20 @@ def test_verdict_says_when_the_steps_held_unequal_work(capsys):
     schedules.print_verdict(same)
     out = capsys.readouterr().out
     assert "work: oppo's steps held 1.00x the response tokens of sync's\n" in out
+    assert same.work_vs_sync is None  # sync is the best mode: said once
+
+
+def test_verdict_gives_the_work_against_sync_too(capsys):
+    """Against sync as well as the best mode: a ratio to sync in mean step s can compare unequal work."""
+    short = [make_run(m, trained_tokens_per_s=800 / m) for m in (4.0, 4.0, 4.0)]  # 800 tokens a step
+    rows = schedules.report({"sync": runs(10.0, 10.0, 10.0), "oversample": [make_run(5.0)] * 3, "oppo": short})
+    v = schedules.verdict(rows)
+    assert v.best_openrlhf == "oversample"
+    assert v.work_vs_best == pytest.approx(0.8) and v.work_vs_sync == pytest.approx(0.8)
+    schedules.print_verdict(v)
+    out = capsys.readouterr().out
+    assert "work: oppo's steps held 0.80x the response tokens of oversample's; beyond the spread" in out
+    assert "work: oppo's steps held 0.80x the response tokens of sync's; beyond the spread" in out
 
 
 def test_a_failed_run_leaves_a_gap_that_keeps_repeats_paired():
