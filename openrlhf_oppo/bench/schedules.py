@@ -247,9 +247,8 @@ def verdict(rows: list[dict]) -> Verdict:
         return Verdict(best_oppo, best, NONE3, NONE3, None, None, None)
     row = by_name[best_oppo]
     vs_sync = row["x"].get("sync", NONE3)
-    best_highest = by_name[best]["mean_step_s"][2]
-    rivals = [best, *(m for m in row["x"] if m != best and by_name[m]["mean_step_s"][1] is not None
-                      and best_highest is not None and by_name[m]["mean_step_s"][1] <= best_highest)]
+    highest = by_name[best]["mean_step_s"][2] or 0.0  # no repeat of the best ran: it has no rival
+    rivals = [best, *(m for m in row["x"] if m != best and (by_name[m]["mean_step_s"][1] or float("inf")) <= highest)]
     compared = {best_oppo, *rivals, *(["sync"] if "sync" in by_name else [])}
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
@@ -291,10 +290,9 @@ def print_verdict(v: Verdict) -> None:
         print("verdict: none (needs an OPPO schedule and an OpenRLHF mode)")
         return
     print(f"verdict: best OPPO schedule {v.best_oppo} (lowest mean step s), repeat by repeat, median [min-max]:")
-    rivals = v.rivals or {v.best_openrlhf: v.vs_best}
     lines = [("sync", v.vs_sync), *((f"{m} (best OpenRLHF)" if m == v.best_openrlhf else
                                      f"{m} (within {v.best_openrlhf}'s range: it could be the fastest)", ratio)
-                                    for m, ratio in rivals.items() if m == v.best_openrlhf or m != "sync")]
+                                    for m, ratio in v.rivals.items() if m == v.best_openrlhf or m != "sync")]
     for name, ratio in lines:
         if ratio[0] is None:
             print(f"  x {name}: -")
@@ -302,10 +300,10 @@ def print_verdict(v: Verdict) -> None:
         judged = {None: "unknown (spread unknown)", True: "larger than the spread",
                   False: "NOT larger than the spread"}[_beyond(ratio, v.spread)]
         print(f"  x {name}: {fmt(ratio, '.2f')}; effect (min - 1) {100 * (ratio[1] - 1):+.0f}%: {judged}")
-    if len(rivals) > 1:
+    if len(v.rivals) > 1:
         judged = {None: "unknown", True: "larger", False: "NOT larger"}[v.vs_best_beyond_spread]
         print(f"  against the best OpenRLHF mode: {judged} than the spread against every mode that could be the "
-              f"fastest ({', '.join(rivals)})")
+              f"fastest ({', '.join(v.rivals)})")
     for mode, work in ((v.best_openrlhf, v.work_vs_best), ("sync", v.work_vs_sync)):
         if work is not None:
             unequal = v.spread is not None and abs(work - 1.0) > v.spread
