@@ -52,6 +52,11 @@ TOUCH_POINTS: tuple[Touch, ...] = (
        "integrations.runtime.micro_batches"),
     _T("openrlhf.trainer.ppo_utils.experience.Experience.concat_experiences", "called",
        "integrations.runtime.micro_batches"),
+    # whole-tensor advantages and returns (--oppo.train.vectorized_advantages)
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker.get_advantages_and_returns", "swapped",
+       "integrations.runtime.advantages"),
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker.get_cumulative_returns", "swapped",
+       "integrations.runtime.advantages"),
     _T("openrlhf.trainer.ray.vllm_engine.create_vllm_engines", "called", "integrations.runtime.trainer"),
     # OPPO's classes are subclasses of OpenRLHF's
     _T("openrlhf.trainer.ppo_trainer.BasePPOTrainer", "subclassed", "integrations.runtime.trainer"),

@@ -61,6 +61,8 @@ class CostModel:
     critic_train_share: float = 0.0  # the critic's share of the pooled update's flops
     fixed_stage_s: tuple[tuple[str, float], ...] = ()  # (stage, s) added per step: offload (sim.overheads)
     experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
+    advantage_loop_s_per_token: float = 0.0  # OpenRLHF's advantage loop, per padded position of a micro-batch
+    advantage_vectorized_s_per_token: float = 0.0  # OPPO's whole-tensor advantages, the same
     sync_overhead_s: float = 0.0  # per weight sync, beyond weight_sync_s
     sync_gather_s: float = 0.0  # staleness.background_sync: the trainer's share of a sync (gather + a call)
     sharded_sync_s: float = 0.0  # with staleness.background_sync_buffer shards: a background sync's broadcast
@@ -173,7 +175,8 @@ def _layout(cfg: SimConfig) -> dict:
     sleep = memory.sleep_transfer_s(cfg) if cfg.hardware is not None and cfg.actor is not None else 0.0
     return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0, sleep_transfer_s=sleep,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
-                experience_overhead_s=e.experience_overhead_s,
+                experience_overhead_s=e.experience_overhead_s, advantage_loop_s_per_token=e.advantage_loop_s_per_token,
+                advantage_vectorized_s_per_token=e.advantage_vectorized_s_per_token,
                 sync_overhead_s=e.phase_overhead_s if e.sync_overhead_s < 0 else e.sync_overhead_s,
                 decode_slowdown_scoring=e.decode_slowdown_scoring,
                 decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)

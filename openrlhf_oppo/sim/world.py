@@ -93,6 +93,7 @@ class World:
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
         self.length_buckets = False  # micro-batches grouped by length (OPPO's train.length_buckets)
+        self.vectorized_advantages = False  # OPPO's train.vectorized_advantages, else OpenRLHF's loop
         self._issued: tuple[float, list[Request]] = (-1.0, [])  # (time, requests made then): about to decode
 
     # ----------------------------------------------------------------- hooks (drivers override)
@@ -122,6 +123,15 @@ class World:
         p, w = self.cfg.lengths.prompt_tokens, self.cfg.workload
         return padded_tokens([p + n for n in lengths], w.micro_batch_size, w.packing, buckets)
 
+    def advantages_s(self, lengths: list[int]) -> float:
+        """The trainer's advantage step over make_experience's micro-batches of these responses: a
+        cost per padded response position of each micro-batch (OpenRLHF's loop runs one iteration a
+        position of its widest response, whatever `workload.packing`)."""
+        c, mb = self.costs, self.cfg.workload.micro_batch_size
+        per = c.advantage_vectorized_s_per_token if self.vectorized_advantages else c.advantage_loop_s_per_token
+        seqs = sorted(lengths) if self.length_buckets else lengths
+        return per * sum(max(seqs[i:i + mb]) for i in range(0, len(seqs), mb))
+
     def experience_and_train(self, now_s: float, lengths: list[int], sample_ids: list[int],
                              score_in_experience: bool, streamed: dict[str, int] | None = None) -> float:
         """make_experience and train from `now_s`; the end of training. Records the spans.
@@ -145,12 +155,12 @@ class World:
                 for stage, n in (streamed or {}).items()}
         stages = {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}
         forwards_s = self._forwards_s(stages)
-        other_s = t - now_s + c.phase_overhead_s + c.experience_overhead_s
+        other_s = t - now_s + c.phase_overhead_s + c.experience_overhead_s + self.advantages_s(lengths)
         slow = self._slowed(forwards_s, other_s, decode_end_s - now_s)
         t = self._forwards(t, {k: dt * slow for k, dt in stages.items()})
         if score_in_experience and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
-        t += c.phase_overhead_s + c.experience_overhead_s
+        t += c.phase_overhead_s + c.experience_overhead_s + self.advantages_s(lengths)
         self.recorder.span("driver", 0, "make_experience", now_s, t)
         train_s = c.train_s(tokens)
         end = self._train(t, train_s * self._slowed(train_s, c.phase_overhead_s, decode_end_s - t))

@@ -19,10 +19,11 @@
                 oppo-async-inter with the weight sync in the background
                 (--oppo.staleness.background_sync): the trainer waits for the gather only
     oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
-    oppo-off    OPPO with Δ = 0, streaming and length buckets off: synchronous PPO through
-                OPPO's machinery (what it costs when there is nothing to overlap)
-    oppo-padded OPPO with length buckets off (--oppo.train.length_buckets false): OpenRLHF's
-                shuffled micro-batches, so its gain over OpenRLHF's modes is the overlap alone
+    oppo-off    OPPO with Δ = 0, streaming, length buckets and vectorized advantages off:
+                synchronous PPO through OPPO's machinery (what it costs with nothing to overlap)
+    oppo-padded OPPO with length buckets and vectorized advantages off (--oppo.train.*): OpenRLHF's
+                shuffled micro-batches and advantage loop, so its gain over OpenRLHF's modes is the
+                overlap alone
     oppo-fixed  OPPO with Δ fixed at delta.init (first B of B+Δ with a constant pool, as
                 other frameworks ship it): the adaptive Δ's baseline
     oppo-intra  OPPO with Δ = 0: streaming only
@@ -88,11 +89,12 @@ SCHEDULES: dict[str, Schedule] = {
                  oppo={"staleness": {"max_policy_lag": 2, "background_sync": True}, "streaming": {"enable": False}}),
         Schedule("oppo-eq4", "OPPO with the paper's eq. 4 Δ rule (reward slope)", entry_module=OPPO_ENTRY,
                  oppo={"delta": {"rule": "eq4"}}),
-        Schedule("oppo-off", "OPPO with Δ = 0, streaming and length buckets off: its machinery, nothing to overlap",
+        Schedule("oppo-off", "OPPO with Δ = 0, streaming, length buckets and vectorized advantages off: its machinery, "
+                 "nothing to overlap",
                  entry_module=OPPO_ENTRY, oppo={"delta": {"enable": False}, "streaming": {"enable": False},
-                                                "train": {"length_buckets": False}}),
-        Schedule("oppo-padded", "OPPO with OpenRLHF's micro-batches (length buckets off): the overlap alone",
-                 entry_module=OPPO_ENTRY, oppo={"train": {"length_buckets": False}}),
+                                                "train": {"length_buckets": False, "vectorized_advantages": False}}),
+        Schedule("oppo-padded", "OPPO with OpenRLHF's micro-batches and advantage loop: the overlap alone",
+                 entry_module=OPPO_ENTRY, oppo={"train": {"length_buckets": False, "vectorized_advantages": False}}),
         Schedule("oppo-fixed", "OPPO with a fixed Δ = delta.init (first B of B+Δ, as a saturated pool)",
                  entry_module=OPPO_ENTRY, oppo={"delta": {"adaptive": False}}),
         Schedule("oppo-intra", "OPPO intra-step streaming only (Δ = 0)", entry_module=OPPO_ENTRY,

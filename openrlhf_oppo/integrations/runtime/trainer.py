@@ -17,6 +17,7 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
    - keeps the scheduler's state (carried groups with tokens, logprobs, versions;
      Δ, C; prompt-stream position; the ledger of trained groups) in OpenRLHF's
      checkpoint `client_states`,
+   - computes advantages and returns in whole-tensor operations (`advantages`),
    - refuses to train on NaN/inf values, rewards, log-probs or losses, or on a
      response without tokens (`guards`), naming the step and samples.
 2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
@@ -47,7 +48,7 @@ from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.core import OverlapScheduler
-from openrlhf_oppo.integrations.runtime import background_sync, faults, guards, micro_batches
+from openrlhf_oppo.integrations.runtime import advantages, background_sync, faults, guards, micro_batches
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
@@ -126,6 +127,8 @@ class OppoPPOTrainerImpl(_BASE):
         self.experience_maker.make_experience_batch = checked_experience_batch
         self.experience_padding = (micro_batches.bucket_experience_making(self.experience_maker)
                                    if self.samples_generator.oppo.train.length_buckets else {})
+        if self.samples_generator.oppo.train.vectorized_advantages:
+            advantages.install(self.experience_maker)
 
     def broadcast_to_vllm(self) -> None:
         gen = self.samples_generator

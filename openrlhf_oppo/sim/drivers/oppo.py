@@ -85,6 +85,7 @@ class OppoDriver(World):
         self.sched = OverlapScheduler(oppo, batch_groups=w.batch_groups, samples_per_group=w.samples_per_group)
         self.streaming = bool(self.sched.scorers)
         self.length_buckets = oppo.train.length_buckets
+        self.vectorized_advantages = oppo.train.vectorized_advantages
         self.reward_streamed = "reward" in self.sched.scorers
         self.ref_actors = None  # OPPO's streaming reference actors (sim.streamer), if the reference streams there
         if "reference" in self.sched.scorers and oppo.streaming.reference_actors:

@@ -122,6 +122,12 @@ class Efficiency:
     experience_overhead_s: float = _f(0.0, "Per make_experience beyond phase_overhead_s: dispatching to the "
                                            "actor, critic, reference and reward groups (`simulate calibrate`).")
     weight_sync_base_s: float = _f(0.2, "Fixed cost of a weight sync (pause, NCCL set-up).")
+    advantage_loop_s_per_token: float = _f(0.0, "Per padded response position of each make_experience micro-batch: "
+                                                "OpenRLHF 0.11.2's Python loop for GAE advantages (or REINFORCE "
+                                                "returns), in the trainer's process after the forwards (`openrlhf-"
+                                                "oppo bench advantages`; 0: not modelled).")
+    advantage_vectorized_s_per_token: float = _f(0.0, "The same for OPPO's whole-tensor version "
+                                                      "(`train.vectorized_advantages`).")
     decode_slowdown_shared: float = _f(1.0, "Decode step time factor while another role computes on the "
                                             "same host (1: none; a CPU host's shared cores: above 1).")
     train_slowdown_shared: float = _f(1.0, "Train/forward time factor while engines decode on the same host.")
