@@ -68,6 +68,13 @@ def test_experience_making_forwards_length_bucketed_micro_batches(oppo_run):
     assert len(saved) == 4 and all(0.0 <= s < 1.0 for s in saved) and max(saved) > 0.0
 
 
+def test_the_trainers_advantage_step_is_timed_every_step(oppo_run):
+    """OPPO's trainer wrapped OpenRLHF's advantage step (with `--oppo.train.vectorized_advantages`,
+    default on, its GAE in whole-tensor blocks): every step reports its seconds."""
+    seconds = [row["oppo/advantage_s"] for row in _metrics(oppo_run)]
+    assert len(seconds) == 4 and all(0.0 < s < 5.0 for s in seconds)
+
+
 def test_the_pass_trains_every_prompt_exactly_once_in_openrlhfs_step_count(oppo_run):
     """One pass over the 16 prompts is OpenRLHF's one episode: 16 / B = 4 steps (its
     max_steps and LR schedule), groups carried inside the pass, none left at its end."""
@@ -133,9 +140,10 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
 
 
 # as the `sync_run` fixture's baseline: seeded requests and prompt order (integrations.runtime.seeding); OpenRLHF's
-# shuffled micro-batches (length buckets change the summation order of the same gradient, and the logged losses)
+# shuffled micro-batches (length buckets change the summation order of the same gradient, and the logged losses) and
+# its advantage loop (the whole-tensor GAE equals it to float rounding: the next step's weights, and samples, would not)
 SYNC_LIKE = ("--oppo.delta.enable", "false", "--oppo.streaming.enable", "false", "--oppo.train.length_buckets", "false",
-             "--train.full_determinism_enable")
+             "--oppo.train.vectorized_advantages", "false", "--train.full_determinism_enable")
 
 
 def _rollouts(run) -> list[dict]:

@@ -13,11 +13,16 @@ no overflow for any length), one Python iteration a block.
 With `--oppo.train.vectorized_advantages` (default on) `install` puts both on OPPO's trainer's
 experience maker; the values equal OpenRLHF's to float rounding
 (`tests/integrations/runtime/test_advantages.py` compares them with OpenRLHF's own methods).
+Either way each step reports the seconds of OpenRLHF's whole advantage step (`ADVANTAGE_S`).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
+
+ADVANTAGE_S = "oppo/advantage_s"  # seconds of the last batch's `compute_advantages_and_returns`
 
 BLOCK = 256  # positions per matrix product: a 256 x 256 matrix of powers, 64 products for 16K tokens
 
@@ -63,8 +68,22 @@ def cumulative_returns(rewards: torch.Tensor, action_mask: torch.Tensor | None, 
     return discounted_reverse_cumsum(rewards, gamma)
 
 
-def install(maker) -> None:
-    """Put both on OpenRLHF's experience `maker` (its `compute_advantages_and_returns` calls them
-    through the instance)."""
-    maker.get_advantages_and_returns = gae
-    maker.get_cumulative_returns = cumulative_returns
+def install(maker, vectorized: bool) -> dict[str, float]:
+    """Time OpenRLHF's experience `maker`'s advantage step (`compute_advantages_and_returns`: reward
+    shaping, KL, the advantages, whitening) and, if `vectorized`, put `gae` and `cumulative_returns`
+    in place of its loops (it calls both through the instance). Returns {ADVANTAGE_S: the last
+    batch's seconds}, filled as batches come."""
+    if vectorized:
+        maker.get_advantages_and_returns = gae
+        maker.get_cumulative_returns = cumulative_returns
+    compute, stats = maker.compute_advantages_and_returns, {}
+
+    def timed(experiences):
+        start = time.perf_counter()
+        out = compute(experiences)
+        stats[ADVANTAGE_S] = time.perf_counter() - start
+        return out
+
+    timed.__wrapped__ = compute
+    maker.compute_advantages_and_returns = timed
+    return stats

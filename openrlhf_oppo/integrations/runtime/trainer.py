@@ -17,7 +17,7 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
    - keeps the scheduler's state (carried groups with tokens, logprobs, versions;
      Δ, C; prompt-stream position; the ledger of trained groups) in OpenRLHF's
      checkpoint `client_states`,
-   - computes advantages and returns in whole-tensor operations (`advantages`),
+   - computes advantages and returns in whole-tensor operations and times that step (`advantages`),
    - refuses to train on NaN/inf values, rewards, log-probs or losses, or on a
      response without tokens (`guards`), naming the step and samples.
 2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
@@ -127,8 +127,8 @@ class OppoPPOTrainerImpl(_BASE):
         self.experience_maker.make_experience_batch = checked_experience_batch
         self.experience_padding = (micro_batches.bucket_experience_making(self.experience_maker)
                                    if self.samples_generator.oppo.train.length_buckets else {})
-        if self.samples_generator.oppo.train.vectorized_advantages:
-            advantages.install(self.experience_maker)
+        self.advantage_time = advantages.install(self.experience_maker,
+                                                 self.samples_generator.oppo.train.vectorized_advantages)
 
     def broadcast_to_vllm(self) -> None:
         gen = self.samples_generator
@@ -153,7 +153,8 @@ class OppoPPOTrainerImpl(_BASE):
         status, step = super().train_step(rollout_samples, global_step)
         guards.check_losses(status, self.samples_generator.step)
         # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
-        status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]), **self.experience_padding)
+        status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]), **self.experience_padding,
+                      **self.advantage_time)
         path = run_env.path(run_env.METRICS_JSONL)
         if path:
             row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}

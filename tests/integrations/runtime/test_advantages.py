@@ -83,10 +83,13 @@ def test_installed_on_the_experience_maker_every_sample_gets_openrlhfs_advantage
     without `install`: the same advantages and returns for every sample."""
     lengths = [[3, 40], [600, 5], [2, 300]]
     plain, ours = _maker(estimator), _maker(estimator)
-    advantages.install(ours)
-    assert ours.get_advantages_and_returns is advantages.gae
-    want = type(plain).compute_advantages_and_returns(plain, _experiences(lengths))
-    got = type(ours).compute_advantages_and_returns(ours, _experiences(lengths))
+    timed_plain, timed_ours = advantages.install(plain, vectorized=False), advantages.install(ours, vectorized=True)
+    assert ours.get_advantages_and_returns is advantages.gae and "get_advantages_and_returns" not in vars(plain)
+    assert timed_plain == timed_ours == {}
+    want = plain.compute_advantages_and_returns(_experiences(lengths))
+    got = ours.compute_advantages_and_returns(_experiences(lengths))
+    # each timed the whole advantage step of its batch
+    assert 0 < timed_ours[advantages.ADVANTAGE_S] and 0 < timed_plain[advantages.ADVANTAGE_S]
     for w, g in zip(want, got):
         torch.testing.assert_close(g.advantages, w.advantages, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(g.returns, w.returns, rtol=1e-4, atol=1e-5)
