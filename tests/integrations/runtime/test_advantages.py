@@ -93,3 +93,14 @@ def test_installed_on_the_experience_maker_every_sample_gets_openrlhfs_advantage
     for w, g in zip(want, got):
         torch.testing.assert_close(g.advantages, w.advantages, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(g.returns, w.returns, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gae_on_cuda_tensors_equals_openrlhfs_loop():
+    """The blocks are built on the input's device: CUDA tensors in, CUDA tensors out, OpenRLHF's values."""
+    values, rewards, mask = (t.cuda() for t in _micro_batch([700, 12, 513, 1], seed=3))
+    want = RemoteExperienceMaker.get_advantages_and_returns(None, values, rewards, mask, 1.0, 0.95)
+    got = advantages.gae(values, rewards, mask, 1.0, 0.95)
+    for w, g in zip(want, got):
+        assert g.device == w.device
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
