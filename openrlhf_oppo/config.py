@@ -283,7 +283,7 @@ class MegatronConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How the actor and critic are fed their batches."""
+    """How the actor and critic are fed their batches, and the advantage step between."""
 
     length_buckets: bool = _f(
         True,
@@ -313,7 +313,7 @@ class OppoConfig:
     streaming: StreamingConfig = field(default_factory=StreamingConfig, metadata={"help": "Streamed scorers."})
     megatron: MegatronConfig = field(default_factory=MegatronConfig,
                                      metadata={"help": "Megatron-Core training backend for the actor."})
-    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Training micro-batches."})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Training micro-batches and advantages."})
 
     def __post_init__(self) -> None:
         self.validate()
