@@ -155,12 +155,13 @@ class World:
                 for stage, n in (streamed or {}).items()}
         stages = {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}
         forwards_s = self._forwards_s(stages)
-        other_s = t - now_s + c.phase_overhead_s + c.experience_overhead_s + self.advantages_s(lengths)
+        fixed_s = c.phase_overhead_s + c.experience_overhead_s + self.advantages_s(lengths)  # the driver's own
+        other_s = t - now_s + fixed_s
         slow = self._slowed(forwards_s, other_s, decode_end_s - now_s)
         t = self._forwards(t, {k: dt * slow for k, dt in stages.items()})
         if score_in_experience and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
-        t += c.phase_overhead_s + c.experience_overhead_s + self.advantages_s(lengths)
+        t += fixed_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
         train_s = c.train_s(tokens)
         end = self._train(t, train_s * self._slowed(train_s, c.phase_overhead_s, decode_end_s - t))
