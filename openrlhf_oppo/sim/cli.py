@@ -33,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="openrlhf-oppo simulate", description=__doc__.splitlines()[0])
     p.add_argument("--preset", required=True, help=f"one of {', '.join(presets.preset_names())}, or a YAML path")
     p.add_argument("--set", dest="sets", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="edit the preset (e.g. workload.batch_groups=64 hardware=h100 delta.max=8)")
+                   help="edit the preset (e.g. workload.batch_groups=64 hardware=h100 delta.max=8); an OPPO key "
+                        "(delta.*, chunk.*, staleness.*, streaming.*) applies to every OPPO schedule, over the "
+                        "schedule's own setting (staleness.max_policy_lag=3 makes oppo-async-bg's lag 3)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="simulate once per value (several --sweep flags are zipped); writes a PNG")
     p.add_argument("--schedules", nargs="+", default=None,

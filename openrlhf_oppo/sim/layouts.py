@@ -36,11 +36,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from openrlhf_oppo import config as oppo_config
-from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
 from openrlhf_oppo.sim import memory
 from openrlhf_oppo.sim.drivers import OPPO_SCHEDULES
-from openrlhf_oppo.sim.presets import SimConfig, Split
+from openrlhf_oppo.sim.presets import SimConfig, Split, schedule_oppo
 
 ASYNC_BASELINES = ("async", "partial", "oversample")
 
@@ -87,7 +85,7 @@ def streams_reward(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams chunks into the reward model with `cfg`'s OPPO settings."""
     if schedule not in OPPO_SCHEDULES:
         return False
-    return "reward" in schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.scorers()
+    return "reward" in schedule_oppo(cfg, schedule).streaming.scorers()
 
 
 def admits_async(cfg: SimConfig, schedule: str) -> bool:
@@ -95,14 +93,14 @@ def admits_async(cfg: SimConfig, schedule: str) -> bool:
     `staleness.max_policy_lag` >= 1 with `cfg`'s OPPO settings, as `oppo-async`)."""
     if schedule not in OPPO_SCHEDULES:
         return False
-    return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).staleness.max_policy_lag >= 1
+    return schedule_oppo(cfg, schedule).staleness.max_policy_lag >= 1
 
 
 def forwards_ahead(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` forwards committed groups ahead of the batch (`streaming.experience_ahead`)."""
     if schedule not in OPPO_SCHEDULES:
         return False
-    return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming.experience_ahead
+    return schedule_oppo(cfg, schedule).streaming.experience_ahead
 
 
 def syncs_in_background(cfg: SimConfig, schedule: str) -> bool:
@@ -110,14 +108,14 @@ def syncs_in_background(cfg: SimConfig, schedule: str) -> bool:
     with async admission)."""
     if not admits_async(cfg, schedule):
         return False
-    return schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).staleness.background_sync
+    return schedule_oppo(cfg, schedule).staleness.background_sync
 
 
 def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams the reference into OPPO's streaming reference actors."""
     if schedule not in OPPO_SCHEDULES:
         return False
-    streaming = schedule_oppo_config(schedule, oppo_config.to_dict(cfg.oppo)).streaming
+    streaming = schedule_oppo(cfg, schedule).streaming
     return "reference" in streaming.scorers() and streaming.reference_actors
 
 

@@ -103,3 +103,18 @@ def test_the_simulator_lists_the_async_and_eq4_schedules():
     assert {"oppo-async", "oppo-eq4"} <= set(drivers.SCHEDULE_NAMES)
     res = make_driver(schedule="oppo-eq4").run()
     assert res.reports[0].lag_tokens["3+"] == 0 and len(res.steps) == 8
+
+
+def test_a_lag_given_with_set_reaches_a_schedule_that_sets_its_own():
+    """`oppo-async` runs lag 2; `--set staleness.max_policy_lag=3` wins over it (and over any other
+    OPPO schedule's setting of that key), while what --set leaves alone stays the schedule's."""
+    plain = make_driver(*DISAGGREGATED, *HEAVY_TAIL)
+    assert plain.sched.config.staleness.max_policy_lag == 2
+    lag3 = make_driver(*DISAGGREGATED, *HEAVY_TAIL, "staleness.max_policy_lag=3")
+    assert lag3.sched.config.staleness.max_policy_lag == 3
+    assert lag3.sched.config.streaming == plain.sched.config.streaming
+    inter = make_driver(*DISAGGREGATED, "staleness.max_policy_lag=3", schedule="oppo-async-inter")
+    assert (inter.sched.config.staleness.max_policy_lag, inter.sched.config.streaming.enable) == (3, False)
+    res, batches = run_capturing_batches(lag3)
+    assert max(b.max_lag for b in batches) <= 3
+    assert any(b.max_lag == 3 for b in batches)  # the heavy tail uses the room the bound gives

@@ -23,10 +23,13 @@ class Variant:
 
 
 # Bench-level variants: a flag of an existing schedule, not a schedule of the product: an
-# importance-sampling correction, or a deferral bound of 1 (a group carried once is in the next batch).
+# importance-sampling correction, a deferral bound of 1 (a group carried once is in the next batch),
+# or a larger policy-lag bound for async admission (`oppo-async-bg-lag3`: --oppo.staleness.max_policy_lag 3).
 VARIANTS = {**{f"{s}-{c}": Variant(s, ("--oppo.staleness.correction", c))
                for s in ("oppo", "oppo-async") for c in ("none", "tis", "icepop")},
-            **{f"{s}-defer1": Variant(s, ("--oppo.staleness.max_deferral_steps", "1")) for s in ("oppo", "oppo-async")}}
+            **{f"{s}-defer1": Variant(s, ("--oppo.staleness.max_deferral_steps", "1")) for s in ("oppo", "oppo-async")},
+            **{f"oppo-async-bg-lag{n}": Variant("oppo-async-bg", ("--oppo.staleness.max_policy_lag", str(n)))
+               for n in (3, 4)}}
 
 
 def resolve(name: str) -> Variant:

@@ -46,14 +46,12 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-from openrlhf_oppo import config as oppo_config_module
 from openrlhf_oppo.core import OverlapScheduler, StepStats
 from openrlhf_oppo.core.types import StepPlan, StepReport, TrainBatch
-from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
-from openrlhf_oppo.sim.presets import SimConfig
+from openrlhf_oppo.sim.presets import SimConfig, schedule_oppo
 from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, ExperienceAhead, ReferenceActors, TrainStreamer
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
@@ -80,7 +78,7 @@ class OppoDriver(World):
     def __init__(self, cfg: SimConfig, costs: CostModel, seed: int, name: str) -> None:
         super().__init__(cfg, costs, seed)
         self.name = name
-        oppo = schedule_oppo_config(name, oppo_config_module.to_dict(cfg.oppo))
+        oppo = schedule_oppo(cfg, name)
         w = cfg.workload
         self.sched = OverlapScheduler(oppo, batch_groups=w.batch_groups, samples_per_group=w.samples_per_group)
         self.streaming = bool(self.sched.scorers)

@@ -232,6 +232,8 @@ class SimConfig:
     workload: Workload = _f(Workload(), "The PPO run.")
     costs: Costs = _f(Costs(), "Measured costs (override the roofline's).")
     oppo: OppoConfig = _f(OppoConfig(), "OPPO's settings (openrlhf_oppo.config).")
+    oppo_set: tuple[str, ...] = _f((), "OPPO settings given with --set (keys under oppo): they win over "
+                                       "each schedule's own (`schedule_oppo`).")
     paper: PaperTargets = _f(PaperTargets(), "The paper's ablation figures (calibration presets).")
     published: PublishedRun = _f(PublishedRun(), "A published run's figures (`simulate published`).")
 
@@ -260,7 +262,29 @@ def load_preset(name: str, sets: list[str] | tuple[str, ...] = ()) -> SimConfig:
     for item in sets:
         key, value = parse_set(item)
         raw = apply_set(raw, key, value)
-    return build(raw)
+    given = tuple(dict.fromkeys(k[len("oppo."):] for k in map(canonical_key, (parse_set(i)[0] for i in sets))
+                                if k.startswith("oppo.")))
+    return dataclasses.replace(build(raw), oppo_set=given)
+
+
+def schedule_oppo(cfg: SimConfig, schedule: str) -> OppoConfig:
+    """The OPPO settings `schedule` runs with: the preset's `oppo` section, the schedule's own settings
+    over it (`integrations.launch.schedules`), and the keys given with --set over both, so that
+    `--set staleness.max_policy_lag=3` reaches `oppo-async-bg`, whose own lag is 2."""
+    from openrlhf_oppo.integrations.launch.schedules import oppo_config as schedule_oppo_config
+
+    section = oppo_config.to_dict(cfg.oppo)
+    out = schedule_oppo_config(schedule, section)
+    if out is None or not cfg.oppo_set:
+        return out
+    merged = oppo_config.to_dict(out)
+    for key in cfg.oppo_set:
+        head, leaf = key.rsplit(".", 1)
+        src, dst = section, merged
+        for part in head.split("."):
+            src, dst = src[part], dst[part]
+        dst[leaf] = src[leaf]
+    return oppo_config.from_dict(merged)
 
 
 def parse_set(item: str) -> tuple[str, str]:
