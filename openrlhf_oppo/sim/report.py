@@ -18,7 +18,7 @@ from openrlhf_oppo.bench import schedules as bench_schedules
 from openrlhf_oppo.bench.table import name_width
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts
-from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
+from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, step_latencies_s, summarize
 from openrlhf_oppo.sim.presets import SimConfig
 
 NAME_W = name_width(SCHEDULE_NAMES)  # the printed tables' schedule column
@@ -134,6 +134,26 @@ def print_tables(sim: Simulated) -> None:
         print(f"{s:<{NAME_W}} {u['rollout']:>13.2f} {u['reward']:>12.2f} {u['train']:>11.2f}")
     print("util: busy device-seconds / (devices x measured window), median over seeds "
           "(rollout: engines decoding; reward: reward servers; train: the training devices)")
+    drift = {s: d for s in sim.runs if abs(d := window_drift(sim, s)) > WINDOW_DRIFT}
+    if drift:
+        print("window: the mean step of the second half of the measured steps against the first (median over seeds) "
+              + ", ".join(f"{s} {d:+.0%}" for s, d in drift.items())
+              + f"; beyond {WINDOW_DRIFT:.0%}, the mean of that schedule depends on where the window ends (steps "
+              "alternating long and short, or a run still filling up): raise workload.steps")
+
+
+WINDOW_DRIFT = 0.05  # the halves of a measured window that differ by more than this are reported
+
+
+def window_drift(sim: Simulated, schedule: str) -> float:
+    """Median over seeds of (mean step of the measured steps' second half / the first half's) - 1."""
+    out = []
+    for r in sim.runs[schedule]:
+        lat = step_latencies_s(r, sim.cfg.workload.warmup_steps)
+        half = len(lat) // 2
+        if half:
+            out.append(statistics.fmean(lat[half:]) / statistics.fmean(lat[:half]) - 1.0)
+    return statistics.median(out) if out else 0.0
 
 
 def speedups(sim: Simulated, schedule: str) -> list[float]:

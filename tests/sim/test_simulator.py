@@ -95,3 +95,26 @@ def test_streaming_moves_reward_scoring_off_the_critical_path():
     sync = drivers.summarize(drivers.simulate(cfg, costs, "sync", 0), cfg.workload.warmup_steps)
     intra = drivers.summarize(drivers.simulate(cfg, costs, "oppo-intra", 0), cfg.workload.warmup_steps)
     assert intra["mean_step_s"] < sync["mean_step_s"]
+
+
+REASONING_4_4 = ["lengths.mean_tokens=3000", "lengths.std_tokens=3000", "lengths.cap_tokens=16384",
+                 "workload.micro_batch_size=1", "workload.gradient_checkpointing=true", "workload.seeds=1",
+                 "split.colocate=false", "split.generate_gpus=4", "split.train_gpus=4", "split.score_gpus=0",
+                 "split.reward_with_train=true", "split.tensor_parallel=2"]
+
+
+def test_a_window_over_an_odd_count_of_alternating_steps_is_reported(capsys):
+    """Over-sampling's steps alternate long (a 2B call's stragglers) and short (its first B): over
+    the preset's 11 measured gaps, six long and five short, the mean is biased, and the report says
+    so; over 32 gaps it does not."""
+    from openrlhf_oppo.sim import report
+
+    short = report.run_all(load_preset("paper-7b-h200", REASONING_4_4), ("oversample",))
+    assert report.window_drift(short, "oversample") < -report.WINDOW_DRIFT
+    report.print_tables(short)
+    assert "window: " in capsys.readouterr().out
+    longer = [*REASONING_4_4, "workload.steps=40", "workload.warmup_steps=8"]
+    long = report.run_all(load_preset("paper-7b-h200", longer), ("oversample",))
+    assert abs(report.window_drift(long, "oversample")) < report.WINDOW_DRIFT
+    report.print_tables(long)
+    assert "window: " not in capsys.readouterr().out
