@@ -119,6 +119,7 @@ class Rollout:
         self.chunk_tokens = 0  # streaming: also stop at chunk boundaries (0: only at finishes)
         self.factor = 1.0  # decode slowdown (shared host)
         self.decoded_tokens = 0
+        self.decode_iterations = 0  # engine iterations (each gives every running sequence a token)
         self.prefill_costs = costs  # the engines' own prefill (`costs.engine_prefill`), for stopped requests
         self.reprefilled_tokens = 0  # prompt + held tokens prefilled again (the metric oppo/reprefilled_tokens)
 
@@ -279,6 +280,7 @@ class Rollout:
         for r in eng.running:
             r.done += steps
         self.decoded_tokens += steps * len(eng.running)
+        self.decode_iterations += steps
         if now_s > eng.seg_start_s:
             eng.busy.append((eng.seg_start_s, now_s))
         eng.seg_start_s = None

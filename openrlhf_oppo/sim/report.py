@@ -128,12 +128,15 @@ def print_tables(sim: Simulated) -> None:
     bench_schedules.print_report(bench_rows(sim))
     print("(simulated: 'runs' are seeds; 'wall s' is simulated seconds; 'idle' is the reward servers' idle share)")
     print()
-    print(f"{'schedule':<{NAME_W}} {'util rollout':>13} {'util reward':>12} {'util train':>11}")
+    print(f"{'schedule':<{NAME_W}} {'util rollout':>13} {'util reward':>12} {'util train':>11} {'seqs/iteration':>15}")
     for s, sums in sim.summaries.items():
         u = {k: statistics.median(x["util"][k] for x in sums) for k in ("rollout", "reward", "train")}
-        print(f"{s:<{NAME_W}} {u['rollout']:>13.2f} {u['reward']:>12.2f} {u['train']:>11.2f}")
+        seqs = statistics.median(x["seqs_per_iteration"] for x in sums)
+        print(f"{s:<{NAME_W}} {u['rollout']:>13.2f} {u['reward']:>12.2f} {u['train']:>11.2f} {seqs:>15.1f}")
     print("util: busy device-seconds / (devices x measured window), median over seeds "
-          "(rollout: engines decoding; reward: reward servers; train: the training devices)")
+          "(rollout: engines decoding; reward: reward servers; train: the training devices); seqs/iteration: "
+          "sequences an engine iteration decodes, on average over the window (a memory-bound iteration "
+          "costs about the same for few as for many: busy engines with few sequences are not full)")
     drift = {s: d for s in sim.runs if abs(d := window_drift(sim, s)) > WINDOW_DRIFT}
     if drift:
         print("window: the mean step of the second half of the measured steps against the first (median over seeds) "

@@ -71,6 +71,7 @@ class RunResult:
     admitted_groups: int = 0
     held_groups: tuple[int, ...] = ()
     trained_group_ids: list[int] = field(default_factory=list)
+    decode_iterations_at: list[int] = field(default_factory=list)  # cumulative engine iterations, as decoded_tokens_at
 
 
 class World:
@@ -90,6 +91,7 @@ class World:
         self.train_busy: list[tuple[float, float]] = []
         self.records: list[StepRecord] = []
         self.decoded_at: list[tuple[float, int]] = []
+        self.iterations_at: list[int] = []
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
         self.length_buckets = False  # micro-batches grouped by length (OPPO's train.length_buckets)
@@ -288,6 +290,7 @@ class World:
     def record(self, rec: StepRecord) -> None:
         self.records.append(rec)
         self.decoded_at.append((rec.train_end_s, self.rollout.decoded_tokens))
+        self.iterations_at.append(self.rollout.decode_iterations)
 
     def mean_reward(self, step: int) -> float:
         """Synthetic reward curve: rises as 1 - exp(-step/tau), with seeded noise (drives the adaptive Δ)."""
@@ -299,4 +302,5 @@ class World:
         busy = {"rollout": [iv for e in self.rollout.engines for iv in e.busy],
                 "reward": [iv for q in self.scorer.busy for iv in q], "train": self.train_busy}
         devices = {"rollout": len(self.rollout.engines), "reward": len(self.scorer.busy), "train": 1}
-        return RunResult(schedule, self.seed, self.records, self.recorder.rows, self.decoded_at, busy, devices)
+        return RunResult(schedule, self.seed, self.records, self.recorder.rows, self.decoded_at, busy, devices,
+                         decode_iterations_at=self.iterations_at)

@@ -118,3 +118,22 @@ def test_a_lag_given_with_set_reaches_a_schedule_that_sets_its_own():
     res, batches = run_capturing_batches(lag3)
     assert max(b.max_lag for b in batches) <= 3
     assert any(b.max_lag == 3 for b in batches)  # the heavy tail uses the room the bound gives
+
+
+def test_a_looser_lag_bound_keeps_more_sequences_on_each_engine_iteration():
+    """With a heavy tail, the bound forces a straggler into the next batch and the batch waits for it
+    while the engines decode little else; each version of room more keeps more sequences decoding
+    an iteration, and the step shortens. Every trained token stays within its bound."""
+    from openrlhf_oppo.sim.drivers import summarize
+
+    seqs, steps = [], []
+    for lag in (2, 3, 4):
+        driver = make_driver(*DISAGGREGATED, *HEAVY_TAIL, "workload.steps=16", f"staleness.max_policy_lag={lag}")
+        res, batches = run_capturing_batches(driver)
+        assert max(b.max_lag for b in batches) <= lag
+        summary = summarize(res, driver.cfg.workload.warmup_steps)
+        seqs.append(summary["seqs_per_iteration"])
+        steps.append(summary["mean_step_s"])
+        assert 1.0 <= summary["seqs_per_iteration"] <= driver.costs.seqs_per_engine
+    assert seqs[0] < seqs[1] < seqs[2]
+    assert steps[0] > steps[1] > steps[2]
