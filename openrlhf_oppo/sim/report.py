@@ -18,7 +18,7 @@ from openrlhf_oppo.bench import schedules as bench_schedules
 from openrlhf_oppo.bench.table import name_width
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts
-from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, step_latencies_s, summarize
+from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
 from openrlhf_oppo.sim.presets import SimConfig
 
 NAME_W = name_width(SCHEDULE_NAMES)  # the printed tables' schedule column
@@ -150,13 +150,7 @@ WINDOW_DRIFT = 0.05  # the halves of a measured window that differ by more than 
 
 def window_drift(sim: Simulated, schedule: str) -> float:
     """Median over seeds of (mean step of the measured steps' second half / the first half's) - 1."""
-    out = []
-    for r in sim.runs[schedule]:
-        lat = step_latencies_s(r, sim.cfg.workload.warmup_steps)
-        half = len(lat) // 2
-        if half:
-            out.append(statistics.fmean(lat[half:]) / statistics.fmean(lat[:half]) - 1.0)
-    return statistics.median(out) if out else 0.0
+    return statistics.median(x["window_drift"] for x in sim.summaries[schedule])
 
 
 def speedups(sim: Simulated, schedule: str) -> list[float]:

@@ -65,13 +65,13 @@ class RunResult:
     seed: int
     steps: list[StepRecord]
     rows: list[dict]
-    decoded_tokens_at: list[tuple[float, int]]  # (time, cumulative decoded tokens) at each train end
+    # (time, cumulative decoded tokens, cumulative engine iterations) at each train end
+    decoded_tokens_at: list[tuple[float, int, int]]
     busy: dict[str, list[tuple[float, float]]]  # role -> busy intervals (all its devices)
     devices: dict[str, int]
     admitted_groups: int = 0
     held_groups: tuple[int, ...] = ()
     trained_group_ids: list[int] = field(default_factory=list)
-    decode_iterations_at: list[int] = field(default_factory=list)  # cumulative engine iterations, as decoded_tokens_at
 
 
 class World:
@@ -90,8 +90,7 @@ class World:
         self._lengths: list[int] = []  # response length by sample index (prompt index * n + j): common random numbers
         self.train_busy: list[tuple[float, float]] = []
         self.records: list[StepRecord] = []
-        self.decoded_at: list[tuple[float, int]] = []
-        self.iterations_at: list[int] = []
+        self.decoded_at: list[tuple[float, int, int]] = []
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
         self.length_buckets = False  # micro-batches grouped by length (OPPO's train.length_buckets)
@@ -289,8 +288,7 @@ class World:
 
     def record(self, rec: StepRecord) -> None:
         self.records.append(rec)
-        self.decoded_at.append((rec.train_end_s, self.rollout.decoded_tokens))
-        self.iterations_at.append(self.rollout.decode_iterations)
+        self.decoded_at.append((rec.train_end_s, self.rollout.decoded_tokens, self.rollout.decode_iterations))
 
     def mean_reward(self, step: int) -> float:
         """Synthetic reward curve: rises as 1 - exp(-step/tau), with seeded noise (drives the adaptive Δ)."""
@@ -302,5 +300,4 @@ class World:
         busy = {"rollout": [iv for e in self.rollout.engines for iv in e.busy],
                 "reward": [iv for q in self.scorer.busy for iv in q], "train": self.train_busy}
         devices = {"rollout": len(self.rollout.engines), "reward": len(self.scorer.busy), "train": 1}
-        return RunResult(schedule, self.seed, self.records, self.recorder.rows, self.decoded_at, busy, devices,
-                         decode_iterations_at=self.iterations_at)
+        return RunResult(schedule, self.seed, self.records, self.recorder.rows, self.decoded_at, busy, devices)

@@ -259,12 +259,13 @@ def load_preset(name: str, sets: list[str] | tuple[str, ...] = ()) -> SimConfig:
                              "(or a path to a YAML file)")
     raw = _yaml(path)
     raw.setdefault("name", path.stem)
+    given: dict[str, None] = {}  # OPPO keys, in order
     for item in sets:
         key, value = parse_set(item)
         raw = apply_set(raw, key, value)
-    given = tuple(dict.fromkeys(k[len("oppo."):] for k in map(canonical_key, (parse_set(i)[0] for i in sets))
-                                if k.startswith("oppo.")))
-    return dataclasses.replace(build(raw), oppo_set=given)
+        if canonical_key(key).startswith("oppo."):
+            given[canonical_key(key)[len("oppo."):]] = None
+    return dataclasses.replace(build(raw), oppo_set=tuple(given))
 
 
 def schedule_oppo(cfg: SimConfig, schedule: str) -> OppoConfig:
