@@ -25,6 +25,7 @@ FLAG_PREFIX = "oppo"
 DELTA_RULES = ("system", "eq4", "alg1")
 CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
 SYNC_BUFFERS = ("device", "host", "shards")  # staleness.background_sync_buffer
+CARRIED_IN_TRAINING = ("auto", "decode", "hold")  # staleness.carried_in_training
 # staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
 # beyond the seed spread (docs/convergence.md); TIS, OpenRLHF's token-level clip, is the conservative pick
 AUTO_CORRECTION = "tis"
@@ -154,6 +155,13 @@ class StalenessConfig:
         "the trainer waits for that copy only; needs --ds.zero_stage 3).",
         choices=SYNC_BUFFERS,
     )
+    carried_in_training: str = _f(
+        "auto",
+        "Carried groups while the trainer trains (max_policy_lag 0): 'decode' on, 'hold' (paused from the batch to "
+        "the weight sync: the trainer has the devices) or 'auto' (hold where they share them: no CUDA, or "
+        "--train.colocate_all).",
+        choices=CARRIED_IN_TRAINING,
+    )
     keep_kv_cache: bool = _f(
         True,
         "Carried requests keep their vLLM KV cache across a weight sync (pause with clear_cache=False): "
@@ -171,6 +179,8 @@ class StalenessConfig:
                  "an integer >= 0", self.max_policy_lag)
         _require(self.correction in CORRECTIONS, "staleness.correction",
                  "one of " + ", ".join(map(repr, CORRECTIONS)), self.correction)
+        _require(self.carried_in_training in CARRIED_IN_TRAINING[:3 if self.max_policy_lag == 0 else 2],
+                 "staleness.carried_in_training", "'auto', 'decode' or (lag 0) 'hold'", self.carried_in_training)
         _require(self.background_sync_buffer in SYNC_BUFFERS, "staleness.background_sync_buffer",
                  "one of " + ", ".join(map(repr, SYNC_BUFFERS)), self.background_sync_buffer)
 

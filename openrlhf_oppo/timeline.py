@@ -145,6 +145,21 @@ def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def subtract(intervals: list[tuple[float, float]], minus: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `intervals` less the union of `minus`, as sorted, disjoint intervals."""
+    out = []
+    cuts = merge(minus)
+    for a, b in merge(intervals):
+        for c, d in cuts:
+            if c < b and d > a:
+                if c > a:
+                    out.append((a, c))
+                a = max(a, d)
+        if a < b:
+            out.append((a, b))
+    return out
+
+
 def covered_s(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:
     """Seconds of [t0, t1] covered by the union of `intervals`."""
     return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in merge(intervals))
@@ -158,6 +173,21 @@ def busy_intervals(rows: list[dict], role: str, now_s: float) -> list[tuple[floa
         ended = {(r.get("host"), r["pid"], r["key"]) for r in rows if r["kind"] == "sample" and "key" in r}
         out += [(r["t0"], now_s) for r in rows if r["role"] == role and r["kind"] == "open"
                 and (r.get("host"), r["pid"], r["key"]) not in ended]
+    return out
+
+
+def paused_intervals(rows: list[dict]) -> list[tuple[float, float]]:
+    """When a rollout engine sat paused (its responses open, nothing decoding): from the end of each of its
+    `pause` spans to the start of its next `resume`."""
+    by_worker: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "span" and r["role"] == "rollout" and r["stage"] in ("pause", "resume"):
+            by_worker.setdefault(worker(r), []).append(r)
+    out = []
+    for spans in by_worker.values():
+        spans.sort(key=lambda r: r["t0"])
+        out += [(a["t1"], b["t0"]) for a, b in zip(spans, spans[1:], strict=False)
+                if a["stage"] == "pause" and b["stage"] == "resume"]
     return out
 
 

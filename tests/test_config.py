@@ -33,6 +33,8 @@ def test_every_field_has_help():
         ),
         ({"staleness": {"max_deferral_steps": 0}}, "--oppo.staleness.max_deferral_steps"),
         ({"staleness": {"correction": "foo"}}, "--oppo.staleness.correction"),
+        ({"staleness": {"carried_in_training": "pause"}}, "--oppo.staleness.carried_in_training"),
+        ({"staleness": {"carried_in_training": "hold", "max_policy_lag": 2}}, "--oppo.staleness.carried_in_training"),
         ({"delta": {"rule": "eq5"}}, "--oppo.delta.rule"),
         ({"delta": {"init": "many"}}, "--oppo.delta.init"),
         ({"streaming": {"enable": "maybe"}}, "--oppo.streaming.enable"),

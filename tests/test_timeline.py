@@ -57,3 +57,16 @@ def test_tail_reads_only_what_was_appended_and_keeps_what_may_still_matter(tmp_p
     rec.sample("rollout", decoding, tokens=1, finish="stop")
     rows = tail.read(keep_after_s=1e12)  # everything ended before: nothing kept, the open one closed
     assert rows == []
+
+
+def test_paused_intervals_run_from_each_pause_to_the_next_resume_of_the_same_engine_and_are_cut_out():
+    def span(pid, stage, t0, t1):
+        return {"kind": "span", "role": "rollout", "host": "h", "pid": pid, "stage": stage, "t0": t0, "t1": t1}
+
+    rows = [span(1, "pause", 2.0, 2.5), span(1, "load_weights", 3.0, 4.0), span(1, "resume", 5.0, 5.5),
+            span(2, "pause", 2.1, 2.2), span(2, "resume", 4.5, 4.6),
+            span(1, "pause", 8.0, 8.1),  # not resumed within the rows: no interval
+            {"kind": "span", "role": "driver", "host": "h", "pid": 9, "stage": "pause", "t0": 0.0, "t1": 1.0}]
+    assert sorted(timeline.paused_intervals(rows)) == [(2.2, 4.5), (2.5, 5.0)]
+    assert timeline.subtract([(0, 3), (4, 10)], [(2.2, 4.5), (2.5, 5.0), (6, 7)]) == [(0, 2.2), (5.0, 6), (7, 10)]
+    assert timeline.subtract([(0, 1)], [(0, 2)]) == [] and timeline.subtract([(0, 1)], []) == [(0, 1)]

@@ -15,12 +15,14 @@ DRIVER_STAGES = ("generate", "make_experience", "train", "weight_sync")
 
 def stage_seconds(rows: list[dict], t0: float, t1: float, steps: int) -> dict[str, float]:
     """Seconds a step over ``[t0, t1]`` (``steps`` steps): each driver stage, and
-    ``decode_during_train``: the time some response was decoding while the driver trained.
+    ``decode_during_train``: the time some response was decoding (open on an engine not paused) while the
+    driver trained.
     The driver's spans of an async schedule overlap (its rollouts run in another actor), so
     the stages need not add up to the step."""
     out = {stage: timeline.covered_s([(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", stage)],
                                      t0, t1) / steps for stage in DRIVER_STAGES}
-    decoding = timeline.merge([(r["t0"], r["t1"]) for r in rows if r["kind"] == "sample"])
+    decoding = timeline.subtract([(r["t0"], r["t1"]) for r in rows if r["kind"] == "sample"],
+                                 timeline.paused_intervals(rows))
     trains = [(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", "train")]
     out["decode_during_train"] = sum(timeline.covered_s(decoding, max(a, t0), min(b, t1))
                                      for a, b in trains if b > t0 and a < t1) / steps

@@ -9,6 +9,7 @@ TARGETS = {
     "core": ("openrlhf_oppo.bench.core", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
     "advantages": ("openrlhf_oppo.bench.advantages",
                    "GAE / REINFORCE returns: OpenRLHF's per-position loop vs whole-tensor, per micro-batch"),
+    "engine": ("openrlhf_oppo.bench.engine", "vLLM decode iteration cost on this host by sequences decoded together"),
     "scorer": ("openrlhf_oppo.bench.scorer", "streamed vs one-shot scoring time per chunk size"),
     "schedules": ("openrlhf_oppo.bench.schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
     "convergence": ("openrlhf_oppo.bench.convergence",

@@ -24,6 +24,8 @@
     oppo-padded OPPO with length buckets and vectorized advantages off (--oppo.train.*): OpenRLHF's
                 shuffled micro-batches and advantage loop, so its gain over OpenRLHF's modes is the
                 overlap alone
+    oppo-decode OPPO with carried groups decoding through training wherever the engines are (on a
+                host without CUDA `oppo` holds them from the batch to the weight sync)
     oppo-fixed  OPPO with Δ fixed at delta.init (first B of B+Δ with a constant pool, as
                 other frameworks ship it): the adaptive Δ's baseline
     oppo-intra  OPPO with Δ = 0: streaming only
@@ -77,6 +79,9 @@ SCHEDULES: dict[str, Schedule] = {
             {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
         ),
         Schedule("oppo", "OPPO intra- and inter-step overlap", entry_module=OPPO_ENTRY, oppo={}),
+        Schedule("oppo-decode", "OPPO with carried groups decoding while the trainer trains, also where they share "
+                 "its devices (--oppo.staleness.carried_in_training decode; on a CPU host 'oppo' holds them)",
+                 entry_module=OPPO_ENTRY, oppo={"staleness": {"carried_in_training": "decode"}}),
         Schedule("oppo-ref", "OPPO with the reference streamed too (streaming reference actors replace "
                  "OpenRLHF's reference forward)", entry_module=OPPO_ENTRY, oppo={"streaming": {"reference": True}}),
         Schedule("oppo-async", "OPPO with async admission (max_policy_lag 2): the next B+Δ decode while "

@@ -15,10 +15,10 @@ decision:
               next begin_step run as the batch is taken, so the next step's groups decode
               while the trainer trains (the scheduler forces a group into a batch before any
               of its tokens would be more than N versions behind)
-    carry     end_step: unfinished groups keep decoding through training; the trainer's weight
-              sync pauses them (`pause_generation(mode="keep")`, KV cache kept unless
-              --oppo.staleness.keep_kv_cache false) and bumps the policy version their next tokens
-              are stamped with (--oppo.staleness.background_sync: once the engines loaded it)
+    carry     end_step: unfinished groups decode through training (held from the batch where the engines share
+              the trainer's devices: --oppo.staleness.carried_in_training); the weight sync pauses them (KV kept
+              unless --oppo.staleness.keep_kv_cache false) and bumps the policy version their next tokens are
+              stamped with (--oppo.staleness.background_sync: once the engines loaded it)
     sleep     with --vllm.enable_sleep (the hybrid engine: vLLM and the DeepSpeed models share
               the GPUs) the carried requests stop at the batch with every token kept, the
               engines sleep while the models train, and after the wake they decode on from
@@ -90,6 +90,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.background_sync = oppo.staleness.background_sync  # the launcher allows it with async admission only
         self.sleep_mode = bool(self.args.vllm.enable_sleep)  # OpenRLHF ignores it without --train.colocate_all
+        self.hold = oppo.staleness.carried_in_training == "hold"  # 'auto' resolved by the trainer's layout
         self.parked = False  # sleep mode: the carried samples were stopped at the last batch, to decode on
         self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
         self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
@@ -136,6 +137,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         if self.sleep_mode:  # the models train on the engines' GPUs next
             generated += self._park()
             self.engines.sleep()
+        elif self.hold and self.scheduler.in_flight_groups:  # carried: on after the weight sync
+            self.engines.pause(self.oppo.staleness.keep_kv_cache)
         self.meter.end_generation(generated)
         self.open_batch = batch
         exhausted = self.scheduler.oldest_prompt_index >= boundary  # the batch held the pass's last groups
@@ -214,16 +217,14 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.scorers.confirm_opened()
 
     def _seed(self, step: int, slot: int, prompt: str, sample_index: int) -> int | None:
-        """vLLM seed of a request started now (`--train.full_determinism_enable`), as
-        OpenRLHF's schedules seed theirs (integrations.runtime.seeding); None: engine RNG."""
+        """vLLM seed of a request (`--train.full_determinism_enable`) as OpenRLHF seeds its own; None: engine RNG."""
         full = self.args.train.full_determinism_enable
         return request_seed(self.args.train.seed, step, slot, prompt, sample_index) if full else None
 
     # ------------------------------------------------------------------ generate + stream
 
     def _stream_until_batch(self, wake_tokens: int) -> tuple[TrainBatch, int]:
-        """Feed the engines' deltas to the scheduler and its chunks to the scorer actors until it has a batch;
-        returns it with the tokens decoded meanwhile."""
+        """Deltas to the scheduler, its chunks to the scorers, until a batch; returns it and the tokens decoded."""
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
@@ -278,9 +279,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.engines.restart_aborted(restarts, self.sampling_params)
 
     def _park(self) -> int:
-        """Sleep mode: stop every carried request where it is and feed the scheduler the tokens
-        each decoded until then (a sample that finished meanwhile is finished as usual); the
-        next step decodes them on from there (`_admit`). Returns the tokens fed."""
+        """Sleep mode: stop every carried request where it is and feed the scheduler the tokens each decoded until
+        then (one that finished meanwhile finishes as usual); `_admit` decodes them on. Returns the tokens fed."""
         decoding = {sid for gid in self.scheduler.in_flight_groups for sid in self.scheduler.group_sample_ids(gid)
                     if not self.scheduler.is_finished(sid)}
         generated = 0
@@ -365,9 +365,9 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no pause; in
-        # sleep mode the carried ones stopped at the batch. A background sync pauses whatever decodes or starts.
-        if (self.scheduler.in_flight_groups or self.background_sync) and not self.sleep_mode:
+        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no pause; held or
+        # in sleep mode the carried ones stopped at the batch. A background sync pauses whatever decodes or starts.
+        if (self.scheduler.in_flight_groups or self.background_sync) and not (self.sleep_mode or self.hold):
             self.engines.pause(self.oppo.staleness.keep_kv_cache)
 
     def resume_after_weight_sync(self, loads: list | None = None) -> None:

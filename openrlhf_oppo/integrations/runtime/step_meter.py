@@ -98,8 +98,8 @@ class StepMeter:
 
     def metrics(self, report: StepReport, policy_version: int, scorer_restarts: int,
                 aborted_requests: int, engines_paused_s: float = 0.0) -> dict[str, float]:
-        """The step's `oppo/*` metrics; rolls the per-step scorer-actor figures over. `engines_paused_s`:
-        seconds the engines sat paused for weight syncs that ended since the last step's metrics."""
+        """The step's `oppo/*` metrics; rolls the per-step scorer-actor figures over. `engines_paused_s`: seconds
+        the engines sat paused (for a weight sync, or held from the batch) in pauses that ended since the last call."""
         before, at_end = self.overlap_tokens
         metrics = {
             **report.metrics(),

@@ -75,6 +75,16 @@ def _streamed_group(group, streamed: bool, what: str) -> list:
     return actors
 
 
+def carried_in_training(staleness, args, cpu_host: bool) -> str:
+    """'decode' or 'hold': `--oppo.staleness.carried_in_training` with 'auto' resolved by the layout: 'hold'
+    where the engines share devices with the trainer (`cpu_host`: a run of the CPU compat layer, every role
+    on one host's cores; `--train.colocate_all`). This actor holds no GPU, so it cannot ask CUDA itself."""
+    if staleness.carried_in_training != "auto":
+        return staleness.carried_in_training
+    shared = cpu_host or bool(args.train.colocate_all)
+    return "hold" if shared and staleness.max_policy_lag == 0 else "decode"
+
+
 def build_samples_generator(base, reward_group, reference_group=None) -> OppoSamplesGenerator:
     """OPPO's generator in place of OpenRLHF's `base` (which only holds references, nothing
     started), with its collaborators. `reward_group` / `reference_group`: OpenRLHF's groups, made
@@ -92,6 +102,8 @@ def build_samples_generator(base, reward_group, reference_group=None) -> OppoSam
                     "mode; or drop --train.colocate_all)", lag)
     if args.vllm.enable_sleep:  # asleep, the engines drop every KV cache: nothing decodes on older weights' KV
         oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, keep_kv_cache=False))
+    oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(
+        oppo.staleness, carried_in_training=carried_in_training(oppo.staleness, args, run_env.compat_enabled())))
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
                                  samples_per_group=args.rollout.n_samples_per_prompt,
                                  scorers=(REWARD,) * bool(actors) + (REFERENCE,) * bool(ref_actors))

@@ -3,9 +3,13 @@ dispatcher around the real scheduler: B = 2 groups, n = 2 samples, Δ = 1."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
+import pytest
+
+from openrlhf_oppo.config import StalenessConfig
 from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
@@ -70,6 +74,7 @@ class FakePool:
         return deltas
 
     def pause(self, keep_kv_cache: bool) -> None:
+        assert not self.paused, "paused twice"
         self.paused = True
 
     def park(self) -> None:
@@ -148,10 +153,13 @@ def group1_is_slow(sid: int) -> int:
     return 3 if sid in (2, 3) else 2
 
 
-def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag: int = 0, sleep: bool = False):
+def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag: int = 0, sleep: bool = False,
+                   carried: str = "auto"):
     args = fakes.make_args(B=B, n=N)
     args.vllm.enable_sleep = sleep
-    scheduler = OverlapScheduler(fakes.make_config(delta=DELTA, chunk=2, max_lag=max_lag), batch_groups=B,
+    config = fakes.make_config(delta=DELTA, chunk=2, max_lag=max_lag)
+    config = dataclasses.replace(config, staleness=dataclasses.replace(config.staleness, carried_in_training=carried))
+    scheduler = OverlapScheduler(config, batch_groups=B,
                                  samples_per_group=N,
                                  scorers=(REWARD,))
     # OpenRLHF's prompt dataloader: (indices, prompts, labels, images) batches of one
@@ -204,6 +212,28 @@ def test_the_first_b_complete_groups_are_trained_in_prompt_order_and_the_slow_on
     assert step.metrics["oppo/policy_version"] == 0.0 and step.metrics["oppo/generated_tokens"] == 12.0
     # the trained groups are dropped
     assert set(gen.prompts.by_group) == {1} and set(gen.scorers.reward.opened) == {2, 3}
+
+
+def test_held_carried_samples_pause_at_the_batch_and_decode_on_after_the_weight_sync(fakes):
+    """carried_in_training 'hold' (what 'auto' resolves to where engines and trainer share devices): the engines
+    pause as the batch is taken, before experience making, and stay paused through the weight sync."""
+    gen = make_generator(fakes, carried="hold")
+    gen.generate_samples(**GENERATE_KWARGS)
+    assert gen.engines.paused and gen.scheduler.in_flight_groups == (1,)  # paused with group 1 carried
+    gen.pause_for_weight_sync()  # FakePool refuses a second pause
+    gen.resume_after_weight_sync()
+    assert not gen.engines.paused and gen.engines.version == 1
+    gen.finish_step(2.5)
+    step = run_step(gen)
+    carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
+    assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
+    assert gen.engines.paused is False and gen.scheduler.in_flight_groups == (4,)
+
+    decoding = make_generator(fakes, carried="decode")
+    decoding.generate_samples(**GENERATE_KWARGS)
+    assert not decoding.engines.paused  # decodes through training, paused by the weight sync only
+    decoding.pause_for_weight_sync()
+    assert decoding.engines.paused
 
 
 def test_carried_sample_keeps_its_tokens_and_later_tokens_carry_the_new_policy_version(fakes):
@@ -296,3 +326,23 @@ def test_a_background_sync_pauses_the_engines_with_nothing_carried_and_hands_the
     assert gen.engines.paused
     gen.resume_after_weight_sync(["load 0", "load 1"])
     assert gen.engines.calls == [("resume_when_loaded", ["load 0", "load 1"], 0, False)] and gen.engines.paused
+
+
+@pytest.mark.parametrize("given, cpu_host, colocate_all, lag, resolved", [
+    ("auto", True, False, 0, "hold"),  # a CPU run: every role on one host's cores
+    ("auto", False, True, 0, "hold"),  # --train.colocate_all: the engines on the training GPUs
+    ("auto", False, False, 0, "decode"),  # vLLM on GPUs of its own
+    ("auto", True, False, 2, "decode"),  # async admission: the next step's groups decode while it trains
+    ("decode", True, False, 0, "decode"),
+    ("hold", False, False, 0, "hold"),
+])
+def test_auto_holds_carried_groups_where_the_engines_share_the_trainers_devices(given, cpu_host, colocate_all, lag,
+                                                                                  resolved):
+    from openrlhf_oppo import compat
+
+    compat.apply()
+    from openrlhf_oppo.integrations.runtime.trainer import carried_in_training
+
+    staleness = StalenessConfig(max_policy_lag=lag, carried_in_training=given)
+    args = SimpleNamespace(train=SimpleNamespace(colocate_all=colocate_all))
+    assert carried_in_training(staleness, args, cpu_host) == resolved
