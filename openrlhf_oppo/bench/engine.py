@@ -55,13 +55,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 8:
         p.error(f"--tokens: {args.tokens}; allowed: an integer >= 8")
 
-    import psutil
-
     from openrlhf_oppo.compat.env import launch_env, request_amx_permission
 
-    os.environ.update(launch_env())  # {} with CUDA: the GPU build's own settings
+    saved = dict(os.environ)
+    os.environ.update(launch_env())  # {} with CUDA: the GPU build's own settings; for the engine's processes
     request_amx_permission()
+    try:
+        _measure(args)
+    finally:  # a caller's later subprocesses must not inherit the compat layer
+        os.environ.clear()
+        os.environ.update(saved)
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> None:
+    import psutil
     from vllm import LLM, SamplingParams
+
+    from openrlhf_oppo import tasks
 
     assets = tasks.build(args.variant)
     # as OpenRLHF 0.11.2 starts a TP-1 engine (`create_vllm_engines`: the "uni" executor)
@@ -81,4 +92,3 @@ def main(argv: list[str] | None = None) -> int:
         iters = args.tokens
         core, front = 1e3 * (core1 - core0) / iters, 1e3 * (mine1 - mine0) / iters
         print(f"{n:>9} {1e3 * (t1 - t0) / iters:>13.2f} {core:>19.2f} {front:>22.2f} {(core + front) / n:>13.3f}")
-    return 0

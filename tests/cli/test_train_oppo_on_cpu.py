@@ -114,8 +114,11 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
     loaded from the same directory in bf16 (--ds.param_dtype's default, which both honour),
     scores the full sequences in one forward. Chunked and one-shot bf16 forwards round
     differently, and both rewards come back bf16-rounded: the bound is two bf16 ulps at the
-    reward's magnitude, and no less than 2e-3 (earlier runs measured at most 4.9e-4; 2e-3 alone
-    is under one ulp above 0.5: 0.52734375 against 0.5234375, one ulp apart, failed it);
+    reward's magnitude, and no less than 4e-3 (2e-3 alone is under one ulp above 0.5: 0.52734375
+    against 0.5234375, one ulp apart, failed it; and it sat at the tail of the chunking error:
+    this run's 32 sequences streamed in 1,200 random chunkings of 4, 8 and 16 tokens, six at a
+    time, differed from one-shot by 3.7e-4 at the median, 1.2e-3 at p99 and 1.95e-3 at most, and
+    a run differed by 2.4e-3 once. A response without its last token differs by 0.13 at the median);
     exact equivalence in fp32 for any chunking is tests/models' business."""
     from openrlhf_oppo import compat
 
@@ -134,7 +137,7 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run):
                 with torch.no_grad():
                     one_shot = model(seq, attention_mask=torch.ones_like(seq)).float().item()
                 ulp = 2.0 ** (math.floor(math.log2(max(abs(s["reward"]), abs(one_shot), 1e-30))) - 7)
-                assert abs(s["reward"] - one_shot) <= max(2e-3, 2 * ulp)
+                assert abs(s["reward"] - one_shot) <= max(4e-3, 2 * ulp)
                 compared += 1
     assert compared >= 12
 

@@ -107,7 +107,10 @@ class OppoSamplesGenerator(SamplesGenerator):
         if self.open_batch is not None:
             raise RuntimeError("generate_samples called before finish_step closed the previous step")
         with timeline_hooks.generating():
-            return self._generate_step(generate_kwargs)
+            out = self._generate_step(generate_kwargs)
+        if self.hold and self.open_batch is not None and self.scheduler.in_flight_groups:
+            self.engines.pause(self.oppo.staleness.keep_kv_cache)  # the carried decode on after the weight sync
+        return out
 
     def _generate_step(self, generate_kwargs):
         self.meter.start_step()
@@ -137,8 +140,6 @@ class OppoSamplesGenerator(SamplesGenerator):
         if self.sleep_mode:  # the models train on the engines' GPUs next
             generated += self._park()
             self.engines.sleep()
-        elif self.hold and self.scheduler.in_flight_groups:  # carried: on after the weight sync
-            self.engines.pause(self.oppo.staleness.keep_kv_cache)
         self.meter.end_generation(generated)
         self.open_batch = batch
         exhausted = self.scheduler.oldest_prompt_index >= boundary  # the batch held the pass's last groups
@@ -365,8 +366,7 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        # the batch's groups have left the scheduler: with none carried (Δ = 0) nothing decodes, no pause; held or
-        # in sleep mode the carried ones stopped at the batch. A background sync pauses whatever decodes or starts.
+        # none carried (Δ = 0): no pause; held or asleep: stopped at the batch; a background sync: always paused
         if (self.scheduler.in_flight_groups or self.background_sync) and not (self.sleep_mode or self.hold):
             self.engines.pause(self.oppo.staleness.keep_kv_cache)
 
