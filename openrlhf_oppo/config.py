@@ -158,8 +158,7 @@ class StalenessConfig:
     carried_in_training: str = _f(
         "auto",
         "Carried groups while the trainer trains (max_policy_lag 0): 'decode' on, 'hold' (paused from the batch to "
-        "the weight sync: the trainer has the devices) or 'auto' (hold where they share them: no CUDA, or "
-        "--train.colocate_all).",
+        "the weight sync) or 'auto' (hold where engines and trainer share devices: no CUDA, --train.colocate_all).",
         choices=CARRIED_IN_TRAINING,
     )
     keep_kv_cache: bool = _f(
@@ -179,8 +178,9 @@ class StalenessConfig:
                  "an integer >= 0", self.max_policy_lag)
         _require(self.correction in CORRECTIONS, "staleness.correction",
                  "one of " + ", ".join(map(repr, CORRECTIONS)), self.correction)
-        _require(self.carried_in_training in CARRIED_IN_TRAINING[:3 if self.max_policy_lag == 0 else 2],
-                 "staleness.carried_in_training", "'auto', 'decode' or (lag 0) 'hold'", self.carried_in_training)
+        _require(self.carried_in_training in ("auto", "decode") or (self.carried_in_training == "hold" and not
+                 self.max_policy_lag), "staleness.carried_in_training", "'auto', 'decode' or (lag 0) 'hold'",
+                 self.carried_in_training)
         _require(self.background_sync_buffer in SYNC_BUFFERS, "staleness.background_sync_buffer",
                  "one of " + ", ".join(map(repr, SYNC_BUFFERS)), self.background_sync_buffer)
 

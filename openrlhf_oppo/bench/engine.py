@@ -17,23 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
+
+from openrlhf_oppo.bench import cpu_use
 
 SEQUENCES = (1, 2, 4, 8, 16, 32, 64)
-
-
-def _cpu_s(proc) -> tuple[float, float]:
-    """(this process's, its children's) user + system CPU seconds so far."""
-    import psutil
-
-    mine = proc.cpu_times()
-    children = 0.0
-    for child in proc.children(recursive=True):
-        try:
-            times = child.cpu_times()
-            children += times.user + times.system
-        except psutil.NoSuchProcess:
-            pass
-    return mine.user + mine.system, children
 
 
 def _positive_list(text: str) -> list[int]:
@@ -57,38 +45,40 @@ def main(argv: list[str] | None = None) -> int:
 
     from openrlhf_oppo.compat.env import launch_env, request_amx_permission
 
+    actor = tasks.build(args.variant).actor
     saved = dict(os.environ)
     os.environ.update(launch_env())  # {} with CUDA: the GPU build's own settings; for the engine's processes
     request_amx_permission()
     try:
-        _measure(args)
+        _measure(args, actor)
     finally:  # a caller's later subprocesses must not inherit the compat layer
         os.environ.clear()
         os.environ.update(saved)
     return 0
 
 
-def _measure(args: argparse.Namespace) -> None:
-    import psutil
+def _measure(args: argparse.Namespace, actor: Path) -> None:
     from vllm import LLM, SamplingParams
 
-    from openrlhf_oppo import tasks
-
-    assets = tasks.build(args.variant)
     # as OpenRLHF 0.11.2 starts a TP-1 engine (`create_vllm_engines`: the "uni" executor)
-    llm = LLM(str(assets.actor), enforce_eager=True, max_model_len=args.tokens + 16, gpu_memory_utilization=0.5,
+    llm = LLM(str(actor), enforce_eager=True, max_model_len=args.tokens + 16, gpu_memory_utilization=0.5,
               seed=0, distributed_executor_backend="uni")
     params = SamplingParams(max_tokens=args.tokens, min_tokens=args.tokens, ignore_eos=True, temperature=1.0)
     prompt = {"prompt_token_ids": [5, 6, 7, 8]}
     llm.generate([prompt] * max(args.sequences), params, use_tqdm=False)  # warm-up: every batch shape compiled
-    proc = psutil.Process()
+    sampler = cpu_use.Sampler(Path(os.devnull))  # CPU seconds by process: this one is the "launcher"
+
+    def cpu_s() -> tuple[float, float]:  # (this process's, the engine's processes')
+        cpu = sampler.sample()["cpu"]
+        return cpu.get("launcher", 0.0), sum(v for n, v in cpu.items() if n != "launcher")
+
     print(f"engine: {args.variant}'s actor, {args.tokens} tokens a sequence, one iteration a token")
     print(f"{'sequences':>9} {'wall ms/iter':>13} {'engine CPU ms/iter':>19} {'front end CPU ms/iter':>22} "
           f"{'CPU ms/token':>13}")
     for n in args.sequences:
-        (mine0, core0), t0 = _cpu_s(proc), time.perf_counter()
+        (mine0, core0), t0 = cpu_s(), time.perf_counter()
         llm.generate([prompt] * n, params, use_tqdm=False)
-        (mine1, core1), t1 = _cpu_s(proc), time.perf_counter()
+        (mine1, core1), t1 = cpu_s(), time.perf_counter()
         iters = args.tokens
         core, front = 1e3 * (core1 - core0) / iters, 1e3 * (mine1 - mine0) / iters
         print(f"{n:>9} {1e3 * (t1 - t0) / iters:>13.2f} {core:>19.2f} {front:>22.2f} {(core + front) / n:>13.3f}")

@@ -32,7 +32,7 @@ def test_the_compat_layers_variables_do_not_outlive_the_bench(monkeypatch):
     not start with the CPU compat layer installed."""
     before = dict(os.environ)
     seen = {}
-    monkeypatch.setattr(bench, "_measure", lambda args: seen.update(os.environ))
+    monkeypatch.setattr(bench, "_measure", lambda args, actor: seen.update(os.environ))
     assert bench.main(["--variant", "tiny"]) == 0
     assert seen.get("OPPO_COMPAT") == "1" and dict(os.environ) == before
 

@@ -100,10 +100,10 @@ def build_samples_generator(base, reward_group, reference_group=None) -> OppoSam
                     "GPUs (little to gain, memory shared); async admission is for vLLM on its own GPUs "
                     "(add --train.async_enable: the DeepSpeed models keep sharing theirs, as in OpenRLHF's async "
                     "mode; or drop --train.colocate_all)", lag)
+    staleness = {"carried_in_training": carried_in_training(oppo.staleness, args, run_env.compat_enabled())}
     if args.vllm.enable_sleep:  # asleep, the engines drop every KV cache: nothing decodes on older weights' KV
-        oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, keep_kv_cache=False))
-    oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(
-        oppo.staleness, carried_in_training=carried_in_training(oppo.staleness, args, run_env.compat_enabled())))
+        staleness["keep_kv_cache"] = False
+    oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, **staleness))
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
                                  samples_per_group=args.rollout.n_samples_per_prompt,
                                  scorers=(REWARD,) * bool(actors) + (REFERENCE,) * bool(ref_actors))
