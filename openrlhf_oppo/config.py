@@ -219,10 +219,10 @@ class StreamingConfig:
     )
     experience_ahead: bool = _f(
         False,
-        "Forward each group through make_experience's models (old log-probs, values, reference unless "
-        "streamed) as soon as it is certain to be in the step's batch, on the weights the step trains from, "
-        "while the training devices wait for the batch; make_experience then forwards only what is left. "
-        "Without async admission or sleep mode (the weights change, or the models are offloaded, meanwhile).",
+        "Forward each group through make_experience's models (old log-probs, values, reference) as soon "
+        "as it is certain to be in the step's batch, whole, on the weights the step trains from, while "
+        "the training devices wait for the batch; make_experience then forwards only what is left. A "
+        "simulator setting (openrlhf-oppo simulate), a projection: the launcher refuses it.",
     )
     reward_pooling: str = _f(
         "last",

@@ -76,23 +76,6 @@ def _given(flag: str, argv: list[str]) -> bool:
     return False
 
 
-def _check_experience_ahead(cfg: oppo_config.OppoConfig, argv: list[str]) -> None:
-    """--oppo.streaming.experience_ahead forwards on the weights make_experience will use, by OPPO's split."""
-    if cfg.staleness.max_policy_lag:
-        raise ValueError(f"--oppo.streaming.experience_ahead cannot be combined with --oppo.staleness.max_policy_lag "
-                         f"{cfg.staleness.max_policy_lag}: under async admission the trainer updates the weights "
-                         f"while the batch decodes; set it to 0")
-    why = {"--vllm.enable_sleep": "in sleep mode the DeepSpeed models are offloaded while the engines generate",
-           "--ds.enable_sleep": "the DeepSpeed models are offloaded while the engines generate",
-           "--train.dynamic_batch_enable": "make_experience then splits the batch by tokens, not by OPPO's split"}
-    for flag, reason in why.items():
-        if _given(flag, argv):
-            raise ValueError(f"--oppo.streaming.experience_ahead cannot be combined with {flag}: {reason}")
-    if not _given("--reward.remote_url", argv) and not streams_rewards(argv, cfg):
-        raise ValueError("--oppo.streaming.experience_ahead needs the rewards streamed (--oppo.streaming.enable "
-                         "true) or rule-based (--reward.remote_url): OpenRLHF's reward forward is not made ahead")
-
-
 def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     """ValueError naming both flags for combinations OPPO cannot honour."""
     for flag, why in INCOMPATIBLE_FLAGS.items():
@@ -113,7 +96,9 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
                          "--oppo.streaming.reference true streams into OpenRLHF's reference group, placed as "
                          "OpenRLHF places it")
     if cfg.streaming.experience_ahead:
-        _check_experience_ahead(cfg, argv)
+        raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate); built "
+                         "into runs once, it made steps slower on a CPU host and was not kept (docs/simulator.md, "
+                         "'Experience making ahead of the batch'); leave it false")
     if cfg.staleness.background_sync:
         _check_background_sync(cfg, argv)
     if "reference" in cfg.streaming.scorers():

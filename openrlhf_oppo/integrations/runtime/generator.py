@@ -9,25 +9,27 @@ decision:
               open them on the streaming reward (and reference) actors
     stream    engines' deltas -> on_tokens -> chunks -> scorer actors (fire and forget)
               their acks -> on_scored_many; finished -> last chunk -> score
-    ahead     --oppo.streaming.experience_ahead: committed groups' make_experience forwards start (`experience_ahead`)
     batch     take_batch: the first B complete groups -> OpenRLHF Experiences with the streamed
               rewards (OpenRLHF skips its reward forward) and reference log-probs (`reference`)
-    early     with --oppo.staleness.max_policy_lag N >= 1 (async admission): end_step and the next begin_step
-              run as the batch is taken, so the next step's groups decode while the trainer trains (the
-              scheduler forces a group into a batch before any of its tokens would be more than N versions behind)
+    early     with --oppo.staleness.max_policy_lag N >= 1 (async admission): end_step and the
+              next begin_step run as the batch is taken, so the next step's groups decode
+              while the trainer trains (the scheduler forces a group into a batch before any
+              of its tokens would be more than N versions behind)
     carry     end_step: unfinished groups decode through training (held from the batch where the engines share
               the trainer's devices: --oppo.staleness.carried_in_training); the weight sync pauses them (KV kept
               unless --oppo.staleness.keep_kv_cache false) and bumps the policy version their next tokens are
               stamped with (--oppo.staleness.background_sync: once the engines loaded it)
-    sleep     with --vllm.enable_sleep (the hybrid engine: vLLM and the DeepSpeed models share the GPUs) the
-              carried requests stop at the batch with every token kept, the engines sleep while the models train,
-              and after the wake decode on from their tokens (re-prefilled, `oppo/reprefilled_tokens`)
+    sleep     with --vllm.enable_sleep (the hybrid engine: vLLM and the DeepSpeed models share
+              the GPUs) the carried requests stop at the batch with every token kept, the
+              engines sleep while the models train, and after the wake they decode on from
+              their tokens (prompt + partial response re-prefilled, `oppo/reprefilled_tokens`)
 
 The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators: the
 `EnginePool` (placement, starts, polls, aborts, pause/resume), the `Scorers` (chunks to the scorer
 actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics); `openrlhf_executor`
 holds what mirrors OpenRLHF's executor. Per-token policy versions (and rollout logprobs, when an
-importance-sampling correction uses them) are recorded.
+importance-sampling correction uses them) are recorded; OpenRLHF computes old logprobs, values
+(and reference logprobs, unless streamed) on the full sequences at training time.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
-from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch, TrainSample
+from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
 from openrlhf_oppo.integrations.runtime import openrlhf_executor, reference, timeline_hooks
 from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
@@ -63,37 +65,39 @@ class OppoSamplesGenerator(SamplesGenerator):
                  scorers: Scorers, meter: StepMeter):
         """`engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward / reference groups."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
-        self.oppo, self.reward_mode = oppo, reward_mode(self.args, oppo)
+        self.oppo = oppo
+        self.reward_mode = reward_mode(self.args, oppo)
         # "stream": OPPO's reward actors prefill chunks and supply the rewards; "rule": the engines score each
         # sample with --reward.remote_url the moment it finishes; "batch": OpenRLHF's reward forward.
         self.record_logprobs = self.args.algo.advantage.is_correction_level != "off"  # recorded only when used
         self.detokenize = engine_text_needed(self.args)  # vLLM's text: read by an agent only
-        self.scheduler, self.engines, self.scorers, self.meter = scheduler, engines, scorers, meter
+        self.scheduler = scheduler
+        self.engines = engines
+        self.scorers = scorers
+        self.meter = meter
         if self.reward_mode == "rule":
             self.engines.set_reward_tokenizer(tokenizer)
         self.rule_rewards: dict[int, dict] = {}  # sample id -> {"reward", "scores", "extra_logs"} from its engine
         self.sampling_params = None  # vLLM SamplingParams, set by each step's admission
         self.prompts = GroupPrompts(PromptStream(prompts_dataloader), tokenizer, self.reward_mode == "rule")
         self.step = 0  # == policy version: weight syncs done so far
-        # needs_restart: after a checkpoint load engines and scorers hold nothing; parked: in sleep mode the
-        # carried samples were stopped at the last batch, to decode on
-        self.needs_restart = self.parked = False
+        self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
         self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
         self.batch_order: list[int] | None = None  # its sample ids in the order its experiences were handed over
-        self.trace_path, self.ledger = run_env.path(run_env.TRACE_JSONL), RunLedger()
+        self.trace_path = run_env.path(run_env.TRACE_JSONL)
+        self.ledger = RunLedger()
         self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted since the last step event
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.background_sync = oppo.staleness.background_sync  # the launcher allows it with async admission only
         self.sleep_mode = bool(self.args.vllm.enable_sleep)  # OpenRLHF ignores it without --train.colocate_all
         self.hold = oppo.staleness.carried_in_training == "hold"  # 'auto' resolved by the trainer's layout
+        self.parked = False  # sleep mode: the carried samples were stopped at the last batch, to decode on
         self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
         self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
         # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training
         # (None before the first: they wait); and when the open step's groups were admitted
         self.last_mean_reward, self.admitted_s = None, 0.0
         self.reference_logprobs: dict[tuple[int, ...], torch.Tensor] = {}  # the open batch's, by tokens
-        # --oppo.streaming.experience_ahead: an `ExperienceAhead` (set by the trainer); the step's OpenRLHF kwargs
-        self.ahead, self.generate_kwargs = None, {}
 
     # ------------------------------------------------------------------ a step
 
@@ -110,7 +114,6 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     def _generate_step(self, generate_kwargs):
         self.meter.start_step()
-        self.generate_kwargs = generate_kwargs
         self.engines.begin_step(self.step)
         self.scorers.begin_step(self.step)
         if self.sleep_mode:  # asleep since the engines started or the last batch (or an evaluation)
@@ -233,16 +236,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             self._restart_aborted(aborted)
             self.scorers.collect()
             batch = self.scheduler.take_batch()
-            if batch is None and self.ahead is not None:  # the committed groups' forwards start while it decodes
-                self.ahead.add_groups(self.scheduler.committed_groups(), self._ahead_experiences)
         return batch, generated
-
-    def _ahead_experiences(self, gid: int) -> list:
-        """A committed group's samples as make_experience will forward them (tokens and masks; no reward)."""
-        prompt, label, ids = self.prompts.by_group[gid]
-        return [self._process_response_into_experience(openrlhf_executor.response(
-            prompt, label, ids, TrainSample(sid, gid, "stop", [self.scheduler.held_tokens(sid)], [[]], ()), {}, False),
-            **self.generate_kwargs) for sid in self.scheduler.group_sample_ids(gid)]
 
     def _feed(self, deltas: list[SampleDelta]) -> list:
         """The engines' deltas to the core, in order: each run of one policy version in one
@@ -330,7 +324,9 @@ class OppoSamplesGenerator(SamplesGenerator):
             reference.keep(self.reference_logprobs, exp, self.scorers.reference.scores[sid])
         return exp
 
-    batch_sample_ids = property(lambda self: self.batch_order)  # the open batch's, in the order handed to OpenRLHF
+    @property
+    def batch_sample_ids(self) -> list[int] | None:  # the open batch's, in the order handed to OpenRLHF
+        return self.batch_order
 
     # ------------------------------------------------------------------ adapt, finalize
 
@@ -388,8 +384,12 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.ledger.event("checkpoint", step=self.step - 1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "step": self.step, "last_mean_reward": self.last_mean_reward,
-                "prompts": {str(gid): list(v) for gid, v in self.prompts.by_group.items()}}  # in-flight groups only
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "last_mean_reward": self.last_mean_reward,
+            "prompts": {str(gid): list(v) for gid, v in self.prompts.by_group.items()},  # in-flight groups only
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])

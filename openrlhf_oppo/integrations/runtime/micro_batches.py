@@ -82,14 +82,13 @@ def experience_micro_batches(lengths: list[int], size: int, ranks: int) -> list[
     return [cut for rank in held for cut in rank]
 
 
-def bucket_experience_making(maker, bucket: bool = True, partition=None) -> dict[str, float]:
+def bucket_experience_making(maker) -> dict[str, float]:
     """Make OpenRLHF's experience `maker` (`RemoteExperienceMaker`, in the driver) split a batch into
-    `experience_micro_batches` instead of cutting it in rollout order (`bucket`): the actor, critic, reward and
+    `experience_micro_batches` instead of cutting it in rollout order: the actor, critic, reward and
     reference forwards pad each sample only to the longest beside it. Each sample keeps its
     `index` (its position in the batch), by which OpenRLHF puts group baselines and rewards back in
     rollout order, so only the padding changes; as many micro-batches as before, so every data-
-    parallel rank still makes as many forward calls. `partition(samples)`: lists of sample indices
-    cut apart, in order (`experience_ahead`: those to forward first). Left as it was with dynamic batches.
+    parallel rank still makes as many forward calls. Left as it was with dynamic batches.
     Returns {EXPERIENCE_PADDING_SAVED: the last batch's share of padded tokens saved}."""
     from openrlhf.trainer.ppo_utils.experience import Experience
 
@@ -97,23 +96,17 @@ def bucket_experience_making(maker, bucket: bool = True, partition=None) -> dict
     ranks = len(group._actor_handlers) // group.duplicate_actors
     split, stats = maker.split_rollout_samples, {}
 
-    def cut(indices: list[int], lengths: list[int], size: int) -> list[list[int]]:
-        if not bucket:
-            return [indices[i:i + size] for i in range(0, len(indices), size)]
-        return [[indices[j] for j in c] for c in experience_micro_batches([lengths[i] for i in indices], size, ranks)]
-
     def split_rollout_samples(rollout_samples):
         if args.train.dynamic_batch_enable:
             return split(rollout_samples)
         for i, sample in enumerate(rollout_samples):
             sample.index = [i]
         lengths, size = [s.sequences.shape[-1] for s in rollout_samples], args.rollout.micro_batch_size
-        parts = partition(rollout_samples) if partition else [list(range(len(lengths)))]
-        cuts = [c for part in parts for c in cut(part, lengths, size)]
+        cuts = experience_micro_batches(lengths, size, ranks)
         plain = [list(range(len(lengths)))[i:i + size] for i in range(0, len(lengths), size)]
         stats[EXPERIENCE_PADDING_SAVED] = 1.0 - padded_tokens(cuts, lengths) / max(padded_tokens(plain, lengths), 1)
-        return [Experience.concat_experiences([rollout_samples[i] for i in c], maker.tokenizer.pad_token_id)
-                for c in cuts]
+        return [Experience.concat_experiences([rollout_samples[i] for i in cut], maker.tokenizer.pad_token_id)
+                for cut in cuts]
 
     split_rollout_samples.__wrapped__ = split
     maker.split_rollout_samples = split_rollout_samples

@@ -44,7 +44,7 @@ def keep(streamed: dict[tuple[int, ...], torch.Tensor], experience, logprobs: li
 
 
 def rows_for(streamed: dict[tuple[int, ...], torch.Tensor], sequences: torch.Tensor, attention_mask: torch.Tensor,
-             action_mask: torch.Tensor, what: str = "streamed reference log-probs") -> torch.Tensor:
+             action_mask: torch.Tensor) -> torch.Tensor:
     """The reference log-probs of one of OpenRLHF's micro-batches (`sequences` [b, T],
     `action_mask` [b, A]) as its reference `Actor.forward` returns them (`log_probs[:, -A:] *
     action_mask`): each sample's streamed log-probs where its action mask is set, 0 elsewhere."""
@@ -54,7 +54,8 @@ def rows_for(streamed: dict[tuple[int, ...], torch.Tensor], sequences: torch.Ten
         where = action_mask[i].bool()
         if values is None or values.numel() != int(where.sum()):
             raise RuntimeError(f"OPPO: row {i} of a micro-batch ({int(attention_mask[i].sum())} tokens, "
-                               f"{int(where.sum())} action tokens) has no {what}; every trained sample should")
+                               f"{int(where.sum())} action tokens) has no streamed reference log-probs; "
+                               f"every trained sample should")
         out[i, where] = values
     return out
 

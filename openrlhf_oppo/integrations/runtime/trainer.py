@@ -50,7 +50,6 @@ from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime import advantages, background_sync, faults, guards, micro_batches
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
-from openrlhf_oppo.integrations.runtime.experience_ahead import ExperienceAhead
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
 from openrlhf_oppo.integrations.runtime.reference import streamed_reference_forward
@@ -127,26 +126,19 @@ class OppoPPOTrainerImpl(_BASE):
         super().__init__(*args, **kwargs)
         self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group,
                                                          self.reference_model_group)
-        gen, maker = self.samples_generator, self.experience_maker
-        if gen.scorers.reference.actors:
-            streamed_reference_forward(maker, gen.reference_logprobs)
-        if gen.oppo.streaming.experience_ahead:  # after the streamed reference's hook: it wraps that dispatch
-            gen.ahead = ExperienceAhead(maker, reference_streamed=bool(gen.scorers.reference.actors))
-        make_experience_batch = maker.make_experience_batch
+        if self.samples_generator.scorers.reference.actors:
+            streamed_reference_forward(self.experience_maker, self.samples_generator.reference_logprobs)
+        make_experience_batch = self.experience_maker.make_experience_batch
 
         def checked_experience_batch(rollout_samples):
             # between OpenRLHF's forwards and its PPO update: no NaN, no empty response is trained on
             experiences = make_experience_batch(rollout_samples)
-            if gen.ahead is not None:
-                gen.ahead.reset()
-            guards.check_experiences(experiences, gen.step, gen.batch_sample_ids)
+            guards.check_experiences(experiences, self.samples_generator.step, self.samples_generator.batch_sample_ids)
             return experiences
 
-        maker.make_experience_batch = checked_experience_batch
-        buckets = gen.oppo.train.length_buckets
-        self.experience_padding = (micro_batches.bucket_experience_making(
-            maker, buckets, gen.ahead.partition if gen.ahead else None) if buckets or gen.ahead else {})
-        self.ahead_stats = gen.ahead.stats if gen.ahead else {}  # refreshed by each make_experience
+        self.experience_maker.make_experience_batch = checked_experience_batch
+        self.experience_padding = (micro_batches.bucket_experience_making(self.experience_maker)
+                                   if self.samples_generator.oppo.train.length_buckets else {})
         self.advantage_time = advantages.install(self.experience_maker,
                                                  self.samples_generator.oppo.train.vectorized_advantages)
 
@@ -174,7 +166,7 @@ class OppoPPOTrainerImpl(_BASE):
         guards.check_losses(status, self.samples_generator.step)
         # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
         status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]), **self.experience_padding,
-                      **self.advantage_time, **self.ahead_stats)
+                      **self.advantage_time)
         path = run_env.path(run_env.METRICS_JSONL)
         if path:
             row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}
