@@ -178,9 +178,9 @@ class StalenessConfig:
                  "an integer >= 0", self.max_policy_lag)
         _require(self.correction in CORRECTIONS, "staleness.correction",
                  "one of " + ", ".join(map(repr, CORRECTIONS)), self.correction)
-        _require(self.carried_in_training in ("auto", "decode") or (self.carried_in_training == "hold" and not
-                 self.max_policy_lag), "staleness.carried_in_training", "'auto', 'decode' or (lag 0) 'hold'",
-                 self.carried_in_training)
+        allowed = ("auto", "decode", "hold") if self.max_policy_lag == 0 else ("auto", "decode")
+        _require(self.carried_in_training in allowed, "staleness.carried_in_training",
+                 "'auto', 'decode' or (lag 0) 'hold'", self.carried_in_training)
         _require(self.background_sync_buffer in SYNC_BUFFERS, "staleness.background_sync_buffer",
                  "one of " + ", ".join(map(repr, SYNC_BUFFERS)), self.background_sync_buffer)
 
