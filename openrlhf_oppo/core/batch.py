@@ -37,6 +37,13 @@ def batch_members(flight: InFlight, forced: Set[int], size: int) -> list[int]:
     return chosen + list(islice((g for g in complete if g not in forced), max(0, size - len(forced))))
 
 
+def held_by_forced(flight: InFlight, forced: Set[int], size: int) -> bool:
+    """A batch of `size` groups could be taken but for an incomplete `forced` group: without the
+    staleness bounds that force it in, the batch would be taken now."""
+    complete = flight.complete
+    return len(complete) >= size and any(g not in complete for g in forced)
+
+
 def take_groups(flight: InFlight, group_ids: Sequence[int], step: int, kept_kv: bool = True) -> TrainBatch:
     """Remove ``group_ids`` (complete) from ``flight`` and return them as the batch of ``step``.
     ``kept_kv``: the engines kept a paused sample's KV cache across weight syncs, so its

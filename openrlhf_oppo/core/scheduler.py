@@ -37,7 +37,7 @@ from typing import Any
 
 from openrlhf_oppo.config import OppoConfig
 from openrlhf_oppo.core import checkpoint, validate
-from openrlhf_oppo.core.batch import batch_members, deferral_histogram, forced_groups, take_groups
+from openrlhf_oppo.core.batch import batch_members, deferral_histogram, forced_groups, held_by_forced, take_groups
 from openrlhf_oppo.core.chunks import resend_chunks, restream_chunks, token_slice
 from openrlhf_oppo.core.controllers import ChunkSizeController, DeltaController
 from openrlhf_oppo.core.ledger import LEDGER_FIELDS
@@ -129,21 +129,13 @@ class OverlapScheduler:
             restream=restream,
         )
 
-    def on_tokens(
-        self,
-        sample_id: int,
-        token_ids: Sequence[int],
-        logprobs: Sequence[float] | None = None,
-        policy_version: int = 0,
-    ) -> list[ChunkReady]:
+    def on_tokens(self, sample_id: int, token_ids: Sequence[int], logprobs: Sequence[float] | None = None,
+                  policy_version: int = 0) -> list[ChunkReady]:
         """Record newly generated tokens; return the chunks that became ready (full C-token chunks)."""
         return self.on_tokens_many(((sample_id, token_ids, logprobs),), policy_version)
 
-    def on_tokens_many(
-        self,
-        outputs: Iterable[tuple[int, Sequence[int], Sequence[float] | None]],
-        policy_version: int,
-    ) -> list[ChunkReady]:
+    def on_tokens_many(self, outputs: Iterable[tuple[int, Sequence[int], Sequence[float] | None]],
+                       policy_version: int) -> list[ChunkReady]:
         """``on_tokens`` for one engine iteration: ``(sample_id, token_ids, logprobs)`` per
         sample, all decoded by weights of ``policy_version``.
 
@@ -263,6 +255,13 @@ class OverlapScheduler:
         self._batch = take_groups(self._flight, chosen, self._step, self.config.staleness.keep_kv_cache)
         return self._batch
 
+    @property
+    def waiting_on_forced(self) -> bool:
+        """The open step's batch waits only for groups the staleness bounds force into it (`StepPlan.must_finish`):
+        without them it would be taken now. A driver times this as `StepStats.forced_wait_s`."""
+        pending = self._step is not None and self._batch is None and self._must_finish
+        return bool(pending) and held_by_forced(self._flight, self._must_finish, self._step_batch_groups)
+
     def committed_groups(self) -> list[int]:
         """Complete groups this step's batch will hold, before it can be taken (what experience
         making may forward ahead of `take_batch`); empty outside a step or once it is taken. A
@@ -308,6 +307,8 @@ class OverlapScheduler:
             lag_tokens=batch.lag_tokens,
             max_lag=batch.max_lag,
             stale_kv_token_fraction=batch.stale_kv_tokens / batch.tokens if batch.tokens else 0.0,
+            forced_groups=len(self._must_finish),
+            forced_wait_s=stats.forced_wait_s,
         )
         flight.last_step = step
         self._step = None

@@ -123,6 +123,8 @@ class StepStats:
     mean_reward: float | None  # None: not known yet (async admission's first step); eq4/alg1 wait
     generated_tokens: int  # tokens decoded during the generation+scoring phase
     generation_time_s: float  # wall time of the generation+scoring phase
+    # seconds the batch waited only for groups the staleness bounds force into it (`waiting_on_forced`)
+    forced_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,8 @@ class StepReport:
     lag_tokens: dict[str, int] = field(default_factory=dict)  # LAG_BUCKETS -> trained tokens
     max_lag: int = 0  # the largest policy lag of a trained token
     stale_kv_token_fraction: float = 0.0  # trained tokens decoded on KV cached by older weights
+    forced_groups: int = 0  # groups the staleness bounds forced into this step's batch
+    forced_wait_s: float = 0.0  # StepStats.forced_wait_s: what the bounds cost this step
 
     def metrics(self) -> dict[str, float]:
         """Flat ``oppo/*`` metrics for wandb/TensorBoard."""
@@ -156,6 +160,8 @@ class StepReport:
             "oppo/carried_tokens": float(self.carried_tokens),
             "oppo/deferred_fraction": self.deferred_fraction,
             "oppo/offpolicy_token_fraction": self.offpolicy_token_fraction,
+            "oppo/forced_groups": float(self.forced_groups),
+            "oppo/forced_wait_s": self.forced_wait_s,
         }
         for bucket, count in self.deferral_hist.items():
             out[f"oppo/deferral_hist/{bucket}"] = float(count)

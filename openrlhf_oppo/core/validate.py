@@ -145,6 +145,8 @@ def check_stats(stats: StepStats, step: int) -> None:
         raise ValueError(f"step {step}: generated_tokens must be an int >= 0, got {stats.generated_tokens!r}")
     if not (math.isfinite(stats.generation_time_s) and stats.generation_time_s >= 0):
         raise ValueError(f"step {step}: generation_time_s must be finite and >= 0, got {stats.generation_time_s!r}")
+    if not (math.isfinite(stats.forced_wait_s) and 0 <= stats.forced_wait_s):
+        raise ValueError(f"step {step}: forced_wait_s must be finite and >= 0, got {stats.forced_wait_s!r}")
 
 
 def check_int(value: Any, what: str, low: int = 0) -> int:

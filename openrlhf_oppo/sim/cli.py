@@ -113,15 +113,18 @@ def _print_staleness(sim: report.Simulated) -> None:
         return
     print()
     lags = " ".join(f"{'lag ' + b:>6}" for b in LAG_BUCKETS)
-    print(f"{'schedule':<{NAME_W}} {lags} {'stale kv':>8}  delta (measured steps)")
+    print(f"{'schedule':<{NAME_W}} {lags} {'stale kv':>8} {'forced s':>8}  delta (measured steps)")
     for s, st in rows:
         share = {b: statistics.median(x["lag_share"][b] for x in st) for b in LAG_BUCKETS}
         deltas = st[0]["delta"]
         print(f"{s:<{NAME_W}} " + " ".join(f"{share[b]:>6.2f}" for b in share)
-              + f" {statistics.median(x['stale_kv'] for x in st):>8.2f}  "
+              + f" {statistics.median(x['stale_kv'] for x in st):>8.2f}"
+              + f" {statistics.median(x['forced_wait_s'] for x in st):>8.2f}  "
               + f"{min(deltas)}-{max(deltas)} (median {statistics.median(deltas):g}; seed {sim.runs[s][0].seed})")
     print("lag b: share of trained response tokens decoded by weights b versions older than those trained "
-          "(median over seeds); stale kv: share decoded on KV cached by older weights")
+          "(median over seeds); stale kv: share decoded on KV cached by older weights; forced s: seconds a step's "
+          "batch waited, B groups complete, only for groups the staleness bounds (max_policy_lag, "
+          "max_deferral_steps) forced into it (mean over steps, median over seeds)")
 
 
 def _print_refused_layouts(space: layouts.Searched) -> None:

@@ -64,6 +64,11 @@ def test_no_trained_token_is_more_than_the_lag_behind_and_some_decoded_during_tr
         assert row["oppo/lag_max"] <= lag
         assert sum(row[f"oppo/lag_tokens/{b}"] for b in ("0", "1", "2", "3+")) > 0
     assert sum(row["oppo/lag_tokens/1"] for row in metrics) == sum(1 for x in lags if x == 1)
+    # at lag 1 (Δ off) the groups admitted at batch t hold tokens of version t, two behind step t + 2: each
+    # step's groups are forced into its own batch (step 0's are not: no batch before them), and they are all
+    # of it, so the bound never holds a batch that B complete groups could make
+    assert [row["oppo/forced_groups"] for row in metrics] == [0.0, 4.0, 4.0, 4.0]
+    assert all(row["oppo/forced_wait_s"] == 0.0 for row in metrics)
 
 
 def test_openrlhf_placed_the_run_as_its_async_mode_and_oppos_trainer_ran_it(lag_run):

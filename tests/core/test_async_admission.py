@@ -176,14 +176,19 @@ def test_forced_by_lag_hand_computed(make_scheduler):
     # at step 2 it would be 3 behind at step 3: forced now, and the batch waits for it
     plan = sched.begin_step(2)
     assert plan.must_finish == (1,) and [g.group_id for g in plan.admit] == [3]
+    assert not sched.waiting_on_forced  # no group complete: the batch waits for B, not only for g1
     sched.on_finished(3, "stop")
     assert sched.take_batch() is None
+    assert sched.waiting_on_forced  # g3 alone would make the batch: only the bound holds it
     sched.on_tokens(1, [6], None, 2)
     sched.on_finished(1, "stop")
     batch = sched.take_batch()
     assert [g.group_id for g in batch.groups] == [1] and batch.lag_tokens == {"0": 1, "1": 0, "2": 1, "3+": 0}
-    report = sched.end_step(StepStats(0.0, 1, 1.0))
-    assert report.metrics()["oppo/lag_max"] == 2.0 and report.metrics()["oppo/lag_tokens/2"] == 1.0
+    assert not sched.waiting_on_forced
+    report = sched.end_step(StepStats(0.0, 1, 1.0, forced_wait_s=0.5))
+    metrics = report.metrics()
+    assert metrics["oppo/lag_max"] == 2.0 and metrics["oppo/lag_tokens/2"] == 1.0
+    assert metrics["oppo/forced_groups"] == 1.0 and metrics["oppo/forced_wait_s"] == 0.5
 
 
 def test_a_group_whose_tokens_have_not_arrived_yet_counts_as_old_as_its_admission(make_scheduler):

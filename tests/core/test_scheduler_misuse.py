@@ -92,6 +92,7 @@ def test_end_step_with_bad_stats_changes_nothing_and_a_retry_counts_deferrals_on
     rejected(sched, frozen, ValueError, "mean reward is nan", lambda: sched.end_step(stats(math.nan)))
     rejected(sched, frozen, ValueError, "generated_tokens", lambda: sched.end_step(StepStats(0.0, -1, 1.0)))
     rejected(sched, frozen, ValueError, "generation_time_s", lambda: sched.end_step(StepStats(0.0, 1, math.inf)))
+    rejected(sched, frozen, ValueError, "forced_wait_s", lambda: sched.end_step(StepStats(0.0, 1, 1.0, -0.1)))
     report = sched.end_step(stats())
     assert report.carried_groups == (1,)
     assert sched.state_dict()["groups"][0]["deferrals"] == 1

@@ -123,10 +123,12 @@ def test_a_lag_given_with_set_reaches_a_schedule_that_sets_its_own():
 def test_a_looser_lag_bound_keeps_more_sequences_on_each_engine_iteration():
     """With a heavy tail, the bound forces a straggler into the next batch and the batch waits for it
     while the engines decode little else; each version of room more keeps more sequences decoding
-    an iteration, and the step shortens. Every trained token stays within its bound."""
+    an iteration, and the step shortens. Every trained token stays within its bound. The wait the
+    bound causes is measured (`forced_wait_s`): within the step's wait for its batch, and shrinking
+    as the bound loosens."""
     from openrlhf_oppo.sim.drivers import summarize
 
-    seqs, steps = [], []
+    seqs, steps, forced = [], [], []
     for lag in (2, 3, 4):
         driver = make_driver(*DISAGGREGATED, *HEAVY_TAIL, "workload.steps=16", f"staleness.max_policy_lag={lag}")
         res, batches = run_capturing_batches(driver)
@@ -135,5 +137,11 @@ def test_a_looser_lag_bound_keeps_more_sequences_on_each_engine_iteration():
         seqs.append(summary["seqs_per_iteration"])
         steps.append(summary["mean_step_s"])
         assert 1.0 <= summary["seqs_per_iteration"] <= driver.costs.seqs_per_engine
+        assert len(res.reports) == len(res.steps)
+        for report, step in zip(res.reports, res.steps):
+            assert 0.0 <= report.forced_wait_s <= step.batch_ready_s - step.generate_start_s + 1e-9
+            assert report.forced_wait_s == 0.0 or report.forced_groups > 0
+        forced.append(sum(r.forced_wait_s for r in res.reports))
     assert seqs[0] < seqs[1] < seqs[2]
     assert steps[0] > steps[1] > steps[2]
+    assert forced[0] > forced[1] > 0.0 and forced[0] > forced[2]

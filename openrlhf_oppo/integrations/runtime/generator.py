@@ -1,9 +1,8 @@
 """OPPO's samples generator for OpenRLHF's synchronous PPO trainer.
 
-Replaces `openrlhf.trainer.ppo_utils.samples_generator.SamplesGenerator` (OpenRLHF
-0.11.2) inside `PPOTrainer`. One `generate_samples` call is one OPPO step; it
-executes the plans of the scheduler core (`OverlapScheduler`), which makes every
-decision:
+Replaces `openrlhf.trainer.ppo_utils.samples_generator.SamplesGenerator` (OpenRLHF 0.11.2) inside `PPOTrainer`.
+One `generate_samples` call is one OPPO step; it executes the plans of the scheduler core (`OverlapScheduler`),
+which makes every decision:
 
     admit     begin_step -> tokenize the new prompts, start them on the engines,
               open them on the streaming reward (and reference) actors
@@ -84,8 +83,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
         self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
         self.batch_order: list[int] | None = None  # its sample ids in the order its experiences were handed over
-        self.trace_path = run_env.path(run_env.TRACE_JSONL)
-        self.ledger = RunLedger()
+        self.trace_path, self.ledger = run_env.path(run_env.TRACE_JSONL), RunLedger()
         self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted since the last step event
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.background_sync = oppo.staleness.background_sync  # the launcher allows it with async admission only
@@ -94,8 +92,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.parked = False  # sleep mode: the carried samples were stopped at the last batch, to decode on
         self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
         self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
-        # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training
-        # (None before the first: they wait); and when the open step's groups were admitted
+        # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training (None
+        # before the first: they wait); and when the open step's groups were admitted
         self.last_mean_reward, self.admitted_s = None, 0.0
         self.reference_logprobs: dict[tuple[int, ...], torch.Tensor] = {}  # the open batch's, by tokens
 
@@ -229,6 +227,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
+            self.meter.waiting(self.scheduler.waiting_on_forced)
             deltas = self.engines.poll(wake_tokens, also=self.scorers.in_flight())
             generated += sum(len(d.token_ids) for d in deltas)
             aborted = [d for d in deltas if d.finish_reason == "abort"]
@@ -236,6 +235,7 @@ class OppoSamplesGenerator(SamplesGenerator):
             self._restart_aborted(aborted)
             self.scorers.collect()
             batch = self.scheduler.take_batch()
+        self.meter.batch_taken()
         return batch, generated
 
     def _feed(self, deltas: list[SampleDelta]) -> list:
@@ -331,11 +331,11 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ------------------------------------------------------------------ adapt, finalize
 
     def _adapt(self, mean_reward: float | None) -> StepReport:
-        """The scheduler closes the step; its controllers set the next Δ and C (C from the tokens
-        decoded per second since the step's groups were admitted: with async admission, since
-        the previous batch, its decoding during training included)."""
+        """The scheduler closes the step; its controllers set the next Δ and C (C from the tokens decoded a second
+        since the step's groups were admitted: with async admission, since the previous batch, training included)."""
         seconds = self.meter.clock() - self.admitted_s if self.async_admission else self.meter.gen_s
-        report = self.scheduler.end_step(StepStats(mean_reward, self.meter.generated_tokens, seconds))
+        report = self.scheduler.end_step(StepStats(mean_reward, self.meter.generated_tokens, seconds,
+                                                   self.meter.forced_wait_s))
         lag = self.oppo.staleness.max_policy_lag
         if lag and report.max_lag > lag:  # the core's forcing rules this out: a driver fed it stale tokens
             log.error("OPPO step %d trains tokens %d policy versions old, over --oppo.staleness.max_policy_lag %d",

@@ -9,6 +9,11 @@ from collections.abc import Callable
 from tqdm import tqdm
 
 from openrlhf_oppo.core import StepReport
+from openrlhf_oppo.integrations.runtime.log import get_logger
+
+log = get_logger(__name__)
+FORCED_WARN_SHARE = 0.25  # warn when the staleness bounds held the batch for this share of a step or more
+FORCED_WARN_EVERY = 50  # ... at most once in this many steps
 
 
 class StepMeter:
@@ -16,11 +21,16 @@ class StepMeter:
     dispatcher (every acknowledged reward call); read once per step by `metrics`."""
 
     def __init__(self, scorers: int, clock: Callable[[], float] = time.time, show_progress: bool = True,
-                 name: str = "scorer") -> None:
+                 name: str = "scorer", bounds: str = "the staleness bounds") -> None:
         """`scorers`: streaming reward actors (0: rewards are not streamed); `name`: the prefix of
-        their metrics (`oppo/scorer_*`, and `oppo/overlap_fraction`)."""
+        their metrics (`oppo/scorer_*`, and `oppo/overlap_fraction`); `bounds`: the flags that force
+        groups into a batch, as a warning names them."""
         self.scorers = scorers
         self.name = name
+        self.bounds = bounds
+        self.forced_since: float | None = None  # the open step's batch began to wait only for forced groups
+        self.forced_wait_s = 0.0  # the last batch's wait for forced groups only (StepStats.forced_wait_s)
+        self.forced_warned_step: int | None = None
         self.others: list[StepMeter] = []  # meters of other streamed scorers, one step's phases with this
         self.clock = clock
         self.started_s = 0.0  # clock() at the open step's start
@@ -62,6 +72,16 @@ class StepMeter:
     def end_generation(self, generated_tokens: int) -> None:
         self.gen_s = self.clock() - self.started_s
         self.generated_tokens = generated_tokens
+
+    def waiting(self, only_forced: bool) -> None:
+        """Polled while the batch is not taken; `only_forced` (`OverlapScheduler.waiting_on_forced`): B groups
+        are complete and the batch waits only for groups the staleness bounds force into it."""
+        if only_forced and self.forced_since is None:
+            self.forced_since = self.clock()
+
+    def batch_taken(self) -> None:
+        since, self.forced_since = self.forced_since, None
+        self.forced_wait_s = 0.0 if since is None else self.clock() - since
 
     def on_finished(self, sample_id: int, time_s: float) -> None:
         """Its engine finished the sample at `time_s`: judge the prefills acknowledged before."""
@@ -148,10 +168,20 @@ class StepMeter:
 
     def show(self, report: StepReport, mean_reward: float, response_tokens: list[int]) -> None:
         """One progress line: the trained batch's mean reward and response length, Δ, C, the
-        deferred share and the step's time."""
+        deferred share and the step's time; a warning when the staleness bounds held the batch long."""
+        step_s = self.clock() - self.started_s
         self.progress.set_postfix(  # drawn by the update: one line a step in a log
             reward=f"{mean_reward:.3f}", len=f"{sum(response_tokens) / max(len(response_tokens), 1):.0f}",
             delta=report.delta, C=report.chunk_size_tokens,
-            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{self.clock() - self.started_s:.1f}", refresh=False,
+            deferred=f"{report.deferred_fraction:.0%}", step_s=f"{step_s:.1f}", refresh=False,
         )
         self.progress.update()
+        last = self.forced_warned_step
+        if report.forced_wait_s >= FORCED_WARN_SHARE * step_s > 0 and (
+                last is None or report.step - last >= FORCED_WARN_EVERY):
+            self.forced_warned_step = report.step
+            log.warning("OPPO step %d: the batch waited %.1f s of the step's %.1f s only for the %d group(s) that "
+                        "%s forced into it, responses decoding for longer than the bound lets a group be carried. A "
+                        "looser bound lets them decode over more steps, with older tokens (oppo/forced_wait_s, "
+                        "oppo/lag_tokens/*)", report.step, report.forced_wait_s, step_s, report.forced_groups,
+                        self.bounds)

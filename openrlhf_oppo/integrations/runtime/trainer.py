@@ -107,7 +107,9 @@ def build_samples_generator(base, reward_group, reference_group=None) -> OppoSam
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
                                  samples_per_group=args.rollout.n_samples_per_prompt,
                                  scorers=(REWARD,) * bool(actors) + (REFERENCE,) * bool(ref_actors))
-    meter = StepMeter(scorers=len(actors))
+    deferrals = f"--oppo.staleness.max_deferral_steps {oppo.staleness.max_deferral_steps}"
+    meter = StepMeter(scorers=len(actors), bounds=f"--oppo.staleness.max_policy_lag {lag} (or {deferrals})"
+                      if lag else deferrals)
     reference = ScorerDispatcher(ref_actors, scheduler, meter.add_scorer("reference_scorer", len(ref_actors)),
                                  base.strategy, args.actor.model_name_or_path, name=REFERENCE)
     return OppoSamplesGenerator(

@@ -60,15 +60,17 @@ def summarize(result: RunResult, warmup_steps: int) -> dict:
 
 
 def staleness(result: RunResult, warmup_steps: int) -> dict | None:
-    """An OPPO run's trained tokens by policy lag (shares of buckets "0", "1", "2", "3+") and the Δ
-    in force at each measured step; None for OpenRLHF's schedules (the core does not see them)."""
+    """An OPPO run's trained tokens by policy lag (shares of buckets "0", "1", "2", "3+"), the Δ in
+    force at each measured step and the mean seconds a step's batch waited only for groups the
+    staleness bounds forced into it; None for OpenRLHF's schedules (the core does not see them)."""
     if not isinstance(result, OppoRunResult):
         return None
     reports = result.reports[warmup_steps:]
     lag = {b: sum(r.lag_tokens.get(b, 0) for r in reports) for b in LAG_BUCKETS}
     total = sum(lag.values()) or 1
     return {"lag_share": {b: n / total for b, n in lag.items()}, "delta": [r.delta for r in reports],
-            "stale_kv": statistics.fmean(r.stale_kv_token_fraction for r in reports) if reports else 0.0}
+            "stale_kv": statistics.fmean(r.stale_kv_token_fraction for r in reports) if reports else 0.0,
+            "forced_wait_s": statistics.fmean(r.forced_wait_s for r in reports) if reports else 0.0}
 
 
 def _covered(intervals: list[tuple[float, float]], t0: float, t1: float) -> float:

@@ -117,6 +117,7 @@ class OppoDriver(World):
         self.waiting = False  # the trainer waits for the open step's batch (take_batch may run)
         self.admit_s = 0.0  # the open step began: its groups were admitted (the C controller's window)
         self.wait_start_s = 0.0  # the trainer began waiting for the open step's batch
+        self.forced_since_s: float | None = None  # ... and its batch began to wait only for forced groups
         self.decoded_at_admit = 0
         self.reports: list[StepReport] = []
 
@@ -217,7 +218,10 @@ class OppoDriver(World):
         if batch is not None:
             self.waiting = False
             self.batch_ready(now_s, batch)
-        elif self.ahead is not None:  # the groups that complete the batch are make_experience's
+            return
+        if self.waiting and self.forced_since_s is None and self.sched.waiting_on_forced:
+            self.forced_since_s = now_s  # B groups are complete: from here only the staleness bounds hold the batch
+        if self.ahead is not None:  # the groups that complete the batch are make_experience's
             self.forward_ahead(now_s)
 
     def forward_ahead(self, now_s: float) -> None:
@@ -238,8 +242,10 @@ class OppoDriver(World):
             self.stopped = self.rollout.stop(now_s)
             self.send(self.report(self.stopped, []), now_s)
         self.flush(now_s)
+        forced_wait = 0.0 if self.forced_since_s is None else now_s - self.forced_since_s
+        self.forced_since_s = None
         stats = StepStats(self.mean_reward(self.step), self.rollout.decoded_tokens - self.decoded_at_admit,
-                          now_s - self.admit_s)
+                          now_s - self.admit_s, forced_wait)
         step, wait_start_s = self.step, self.wait_start_s
         report = None
         if self.async_admission:  # close step t and open t+1 now: its groups decode while t trains

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from openrlhf_oppo.core import StepReport
 from openrlhf_oppo.integrations.runtime.scorer import ScoreReply
-from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+from openrlhf_oppo.integrations.runtime.step_meter import FORCED_WARN_EVERY, StepMeter
 
 
 class Clock:
@@ -127,3 +129,39 @@ def test_a_second_streamed_scorer_is_metered_in_the_same_step_under_its_own_name
     assert metrics["oppo/reference_scorer_kv_tokens"] == 30.0 and metrics["oppo/scorer_kv_tokens"] == 0.0
     meter.forget([7])
     assert 7 not in ref.finished_s
+
+
+def test_the_forced_wait_runs_from_the_first_poll_that_only_forced_groups_hold_the_batch_to_the_batch():
+    clock = Clock(0.0)
+    meter = StepMeter(scorers=0, clock=clock, show_progress=False)
+    meter.start_step()
+    for now, only_forced in ((1.0, False), (2.0, False), (3.5, True), (4.0, True), (6.0, True)):
+        clock.now = now
+        meter.waiting(only_forced)
+    clock.now = 7.25
+    meter.batch_taken()
+    assert meter.forced_wait_s == 7.25 - 3.5
+    meter.start_step()  # a batch that never waited on a forced group
+    clock.now = 9.0
+    meter.waiting(False)
+    meter.batch_taken()
+    assert meter.forced_wait_s == 0.0
+
+
+def test_a_step_held_by_forced_groups_for_a_quarter_of_it_warns_naming_the_bound_and_then_rests(capsys):
+    clock = Clock(0.0)
+    meter = StepMeter(scorers=0, clock=clock, show_progress=False, bounds="--oppo.staleness.max_policy_lag 2")
+
+    def warnings_after_step(index: int, forced_wait_s: float, step_s: float = 10.0) -> list[str]:
+        meter.start_step()
+        clock.now += step_s
+        held = dataclasses.replace(report(), step=index, forced_groups=3, forced_wait_s=forced_wait_s)
+        meter.show(held, mean_reward=0.0, response_tokens=[4])
+        return [line for line in capsys.readouterr().out.splitlines() if "forced into it" in line]
+
+    assert warnings_after_step(0, 2.4) == []  # under a quarter of the step
+    (message,) = warnings_after_step(1, 2.5)
+    assert message.startswith("OPPO step 1: the batch waited 2.5 s of the step's 10.0 s only for the 3 group(s)")
+    assert "--oppo.staleness.max_policy_lag 2 forced into it" in message
+    assert warnings_after_step(2, 9.0) == []  # within FORCED_WARN_EVERY steps of the last warning
+    assert len(warnings_after_step(1 + FORCED_WARN_EVERY, 9.0)) == 1
