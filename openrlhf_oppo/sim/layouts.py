@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from openrlhf_oppo.sim import memory
 from openrlhf_oppo.sim.drivers import OPPO_SCHEDULES
-from openrlhf_oppo.sim.presets import SimConfig, Split, schedule_oppo
+from openrlhf_oppo.sim.presets import SimConfig, Split, schedule_oppo, vllm_tp_fits
 
 ASYNC_BASELINES = ("async", "partial", "oversample")
 
@@ -153,11 +153,14 @@ def describe(split: Split, ref_actors: bool = False) -> str:
 
 
 def _tp_choices(cfg: SimConfig, weight_bytes: float) -> list[int]:
-    """The two smallest powers of two up to a node whose share of the weights leaves a quarter of a
-    device for KV."""
+    """Every power of two up to a node that vLLM can shard the actor's heads by and whose share of the
+    weights leaves a quarter of a device for KV. Not only the smallest: a larger TP decodes each iteration
+    faster, which long responses need more than more engines (7B at reasoning lengths: over-sampling's
+    best engines are TP 4)."""
     g = cfg.split.gpus_per_node
-    tps = [tp for tp in (1, 2, 4, 8, 16) if tp <= g and weight_bytes / tp <= 0.75 * cfg.hardware.hbm_bytes]
-    return tps[:2] or [g]
+    tps = [tp for tp in (1, 2, 4, 8, 16) if tp <= g and weight_bytes / tp <= 0.75 * cfg.hardware.hbm_bytes
+           and vllm_tp_fits(cfg.actor, tp)]
+    return tps or [g]
 
 
 def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:

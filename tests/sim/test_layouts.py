@@ -212,3 +212,15 @@ def test_the_search_places_vllm_on_nodes_of_its_own_as_openrlhf_does_across_node
     assert {s.engine_nodes for s in whole} == {1, 2, 3} and all(s.generate_gpus == 0 for s in whole)
     assert all(layouts.rule("async", s) is None for s in whole if s.reward_with_train and not s.critic_gpus)
     assert all(layouts.rule("sync", s) for s in whole if not s.critic_gpus)  # the critic beside the actor
+
+
+def test_the_search_tries_every_tensor_parallel_size_whose_weight_share_leaves_room_for_kv():
+    """Not only the two smallest: at reasoning lengths over-sampling's best engines are TP 4, and a
+    search without them flattered OPPO by comparing against a slower OpenRLHF layout."""
+    seven = presets.load_preset("paper-7b-h200", SHORT)
+    assert {s.tensor_parallel for s in layouts.candidates(seven)} == {1, 2, 4}  # 28 heads: vLLM refuses TP 8
+    big = presets.load_preset("paper-7b-h200", [*SHORT, "actor=qwen2.5-72b"])  # 145 GB: over 3/4 of one device
+    assert {s.tensor_parallel for s in layouts.candidates(big)} == {2, 4, 8}
+    with pytest.raises(ValueError, match=r"split.tensor_parallel.*28 heads, 4 KV heads"):
+        presets.load_preset("paper-7b-h200", ["split.generate_gpus=8", "split.train_gpus=8", "split.score_gpus=0",
+                                              "split.tensor_parallel=8"])

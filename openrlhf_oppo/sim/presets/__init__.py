@@ -339,6 +339,11 @@ def build(raw: Mapping[str, Any]) -> SimConfig:
     return cfg
 
 
+def vllm_tp_fits(model: ModelShape, tp: int) -> bool:
+    """vLLM shards attention heads evenly: TP divides the heads, and the KV heads or a multiple of them."""
+    return model.heads % tp == 0 and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0)
+
+
 def validate(cfg: SimConfig) -> None:
     """Whole-config checks, each naming the key."""
     w, s, lengths = cfg.workload, cfg.split, cfg.lengths
@@ -364,6 +369,9 @@ def validate(cfg: SimConfig) -> None:
              f"a divisor of split.gpus_per_node ({s.gpus_per_node}) with split.engine_nodes", s.tensor_parallel)
     _require(s.generate_gpus % s.tensor_parallel == 0, "split.tensor_parallel",
              f"a divisor of split.generate_gpus ({s.generate_gpus})", s.tensor_parallel)
+    a = cfg.actor
+    _require(a is None or vllm_tp_fits(a, s.tensor_parallel), "split.tensor_parallel", "a TP vLLM can shard the "
+             f"actor's attention heads by ({a and a.heads} heads, {a and a.kv_heads} KV heads)", s.tensor_parallel)
     _require(s.colocate or not s.sleep, "split.sleep", "false unless split.colocate (vLLM sleeps only where "
              "training shares its devices)", s.sleep)
     _require(s.score_gpus == 0 or not s.reward_with_train, "split.reward_with_train",
