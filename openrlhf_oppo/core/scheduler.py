@@ -259,8 +259,9 @@ class OverlapScheduler:
     def waiting_on_forced(self) -> bool:
         """The open step's batch waits only for groups the staleness bounds force into it (`StepPlan.must_finish`):
         without them it would be taken now. A driver times this as `StepStats.forced_wait_s`."""
-        pending = self._step is not None and self._batch is None and self._must_finish
-        return bool(pending) and held_by_forced(self._flight, self._must_finish, self._step_batch_groups)
+        if self._step is None or self._batch is not None:
+            return False
+        return held_by_forced(self._flight, self._must_finish, self._step_batch_groups)
 
     def committed_groups(self) -> list[int]:
         """Complete groups this step's batch will hold, before it can be taken (what experience
