@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +47,12 @@ class TrainRun:
         return [json.loads(line) for line in (self.root / "oppo_trace.jsonl").read_text().splitlines()]
 
 
-def _check_resumed_ledger(run_a: TrainRun, run_b: TrainRun) -> None:
-    """Run B resumed from run A's checkpoint after A's last traced step, with groups carried
-    there: across both runs every admitted group was trained exactly once or is still in
-    flight, the carried groups were trained in B (or are in flight) and resumed with every
-    token they had, decoded by A's policy up to the checkpoint and by the checkpoint's after."""
-    trace_a, trace_b = run_a.trace(), run_b.trace()
+def _check_resumed_ledger(trace_a: list[dict], trace_b: list[dict]) -> None:
+    """Run B (its per-step trace: trace_b) resumed from the checkpoint written after trace_a's
+    last step, with groups carried there: across both every admitted group was trained exactly
+    once or is still in flight, the carried groups were trained in B (or are in flight) and
+    resumed with every token they had, decoded by A's policies up to the checkpoint and by the
+    checkpoint's or a later one after it."""
     at_checkpoint = trace_a[-1]
     assert trace_b[0]["step"] == at_checkpoint["step"] + 1
     assert at_checkpoint["carried_groups"], "nothing was carried at the checkpoint; the test proves nothing"
@@ -57,21 +61,21 @@ def _check_resumed_ledger(run_a: TrainRun, run_b: TrainRun) -> None:
     assert len(ids) == len(set(ids)), "a group was trained twice across the restart"
     in_flight = set(trace_b[-1]["carried_groups"])
     assert set(ids) | in_flight == set(range(trace_b[-1]["next_prompt_index"])) and not in_flight & set(ids)
-    samples_b = {s["sample_id"]: s for row in trace_b for g in row["trained"] for s in g["samples"]}
+    samples_b = {s["sample_id"]: (row["step"], s) for row in trace_b for g in row["trained"] for s in g["samples"]}
     version = at_checkpoint["step"] + 1  # the checkpoint's policy
     for sid, held in at_checkpoint["carried_tokens"].items():
         if int(sid) in samples_b:
-            sample = samples_b[int(sid)]
+            step, sample = samples_b[int(sid)]
             assert sample["tokens"][: len(held)] == held
             # (a carried group may also be complete already: first-B takes B of the complete ones)
             assert all(v < version for v in sample["versions"][: len(held)])
-            assert set(sample["versions"][len(held):]) <= {version}
+            assert all(version <= v <= step for v in sample["versions"][len(held):])
     assert set(at_checkpoint["carried_groups"]) <= {g["group_id"] for g in trained} | in_flight
 
 
 @pytest.fixture(scope="session")
 def check_resumed_ledger():
-    """`_check_resumed_ledger(run_a, run_b)`, for the resume tests of both training backends."""
+    """`_check_resumed_ledger(trace_a, trace_b)`, for the resume tests of both training backends."""
     return _check_resumed_ledger
 
 
@@ -138,6 +142,46 @@ def train_runs(tmp_path_factory, tiny_assets):
         return cache[key]
 
     return run
+
+
+ASYNC_LAYOUT = ("--train.colocate_all", "--train.async_enable")  # where OpenRLHF's async mode places its models
+
+
+@dataclass(frozen=True)
+class StoppedAndResumed:
+    stopped: TrainRun  # asked to stop with SIGTERM once a step was done
+    output: str  # what it printed
+    resumed: TrainRun  # loaded the checkpoint the stop wrote and finished the pass
+
+
+@pytest.fixture(scope="session")
+def stopped_and_resumed(tiny_assets, tmp_path_factory, train_runs) -> StoppedAndResumed:
+    """`oppo-async-bg` (lag 2, carry-over, the weight sync in the background) in OpenRLHF's async
+    layout, 24 prompts (6 steps), run as a user does (`python -m openrlhf_oppo.cli.main train`) and
+    sent SIGTERM once its ledger shows step 1 done: the step that is running ends, a checkpoint with
+    the carried groups (and the next step's, admitted and decoding) is written, the run stops. A
+    second run loads that checkpoint and finishes the pass. One run serves the stop's tests and the
+    resume's."""
+    from openrlhf_oppo.core import ledger
+
+    root = tmp_path_factory.mktemp("stopped")
+    argv = ["train", "--schedule", "oppo-async-bg", "--config", str(CONFIG), "--assets", str(tiny_assets),
+            "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S), "--", *ASYNC_LAYOUT, "--data.max_samples", "24"]
+    proc = subprocess.Popen([sys.executable, "-m", "openrlhf_oppo.cli.main", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    events: list[dict] = []
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not any(e["event"] == "step" and e["step"] >= 1 for e in events):  # two steps done
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.5)
+        path = root / ledger.LEDGER_FILE
+        events = ledger.read_events(path) if path.exists() else []
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    stopped = TrainRun("oppo-async-bg", proc.returncode, root, tiny_assets)
+    resumed = train_runs("oppo-async-bg", *ASYNC_LAYOUT, "--data.max_samples", "24", "--ckpt.load_enable",
+                         "--ckpt.path", str(root / "checkpoints"), output=tmp_path_factory.mktemp("resumed"))
+    return StoppedAndResumed(stopped, out, resumed)
 
 
 @pytest.fixture(scope="session")

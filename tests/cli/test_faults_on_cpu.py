@@ -9,17 +9,17 @@ engine in the middle of step 3 (the run stops and is relaunched from the step-1
 checkpoint: step 2 is rolled back and done again), and its trainer right after step 3's
 checkpoint, the pass's last step (relaunched again: that episode is over, nothing more is
 trained). The ledger check then proves every prompt group was trained exactly once or
-is still held, and every trained sample's streamed reference log-probs, restarts and
-resumes included, equal OpenRLHF's reference forward. A second run is asked to stop with
-SIGTERM: the step ends, a checkpoint with the carried samples is written, the exit code says so."""
+is still held, the groups carried at step 1's checkpoint came back with every token they had
+(the resume test of the DeepSpeed backend; the Megatron one's is in test_train_megatron_on_cpu),
+and every trained sample's streamed reference log-probs, restarts and resumes included, equal
+OpenRLHF's reference forward. A second run (the session's `stopped_and_resumed`, whose
+resume is tested in test_train_oppo_async_on_cpu) is asked to stop with SIGTERM: the step ends, a
+checkpoint with the carried samples is written, the exit code says so."""
 
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,7 @@ def _train_argv(assets, root, *extra, restarts=0):
 
 
 def test_killed_scorer_actors_rollout_engine_and_driver_the_run_completes_and_the_ledger_holds(
-    tiny_assets, tmp_path, monkeypatch
+    tiny_assets, tmp_path, monkeypatch, check_resumed_ledger
 ):
     monkeypatch.setenv("OPPO_FAULTS", "reward@1,reference@1,abort@2,rollout@3,driver@3")
     # Δ fixed at the config's init (2): an engine fault fires on the k-th engine reply of its
@@ -59,6 +59,12 @@ def test_killed_scorer_actors_rollout_engine_and_driver_the_run_completes_and_th
     assert metrics[2]["oppo/aborted_requests"] == 1.0 and sum(m["oppo/aborted_requests"] for m in metrics) == 1.0
     trace = [json.loads(line) for line in (tmp_path / "oppo_trace.jsonl").read_text().splitlines()]
     assert all(s["finish_reason"] in ("stop", "length") for row in trace for g in row["trained"] for s in g["samples"])
+    # the trace of each attempt: steps 0-2 (step 3 died with its engine), then 2-3 from step 1's
+    # checkpoint (the last attempt resumed at the pass's end and traced no step)
+    attempts = _attempts(trace)
+    assert [[row["step"] for row in rows] for rows in attempts] == [[0, 1, 2], [2, 3]]
+    # the relaunch from step 1's checkpoint: its carried groups came back with every token they had
+    check_resumed_ledger([row for row in attempts[0] if row["step"] <= 1], attempts[1])
     assert _reference_matches_openrlhfs_forward(tiny_assets, trace) >= 16
 
     report = ledger.check_run(tmp_path)
@@ -69,6 +75,16 @@ def test_killed_scorer_actors_rollout_engine_and_driver_the_run_completes_and_th
     # was added (one pass of 16 prompts is OpenRLHF's 4 steps), every prompt trained once
     assert report.last_step == 3 and report.trained == 16
     assert main(["ledger", "check", str(tmp_path)]) == 0
+
+
+def _attempts(trace: list[dict]) -> list[list[dict]]:
+    """The trace cut where a relaunch starts again from an earlier step."""
+    attempts: list[list[dict]] = []
+    for row in trace:
+        if not attempts or row["step"] <= attempts[-1][-1]["step"]:
+            attempts.append([])
+        attempts[-1].append(row)
+    return attempts
 
 
 def _reference_matches_openrlhfs_forward(assets, trace) -> int:
@@ -109,23 +125,13 @@ def _reference_matches_openrlhfs_forward(assets, trace) -> int:
     return compared
 
 
-def test_sigterm_ends_the_step_writes_a_checkpoint_and_exits_non_zero(tiny_assets, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "openrlhf_oppo.cli.main", *_train_argv(tiny_assets, tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    events: list[dict] = []
-    deadline = time.monotonic() + float(TIMEOUT_S)
-    while not any(e["event"] == "step" and e["step"] >= 1 for e in events):  # two steps done
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
-        time.sleep(1)
-        path = tmp_path / ledger.LEDGER_FILE
-        events = ledger.read_events(path) if path.exists() else []
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=float(TIMEOUT_S))
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+def test_sigterm_ends_the_step_writes_a_checkpoint_and_exits_non_zero(stopped_and_resumed):
+    run, out = stopped_and_resumed.stopped, stopped_and_resumed.output
+    assert run.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "stopped on request after step" in out and "stopped on SIGTERM" in out, out[-3000:]
 
-    events = ledger.read_events(tmp_path / ledger.LEDGER_FILE)
+    events = ledger.read_events(run.root / ledger.LEDGER_FILE)
     last_step = max(e["step"] for e in events if e["event"] == "step")
     assert events[-1] == {"event": "checkpoint", "step": last_step}  # after the step that was running
-    assert list((tmp_path / "checkpoints" / "_actor").glob(f"global_step{last_step + 1}"))
+    assert list((run.root / "checkpoints" / "_actor").glob(f"global_step{last_step + 1}"))
     assert ledger.check_events(events).ok

@@ -1,8 +1,8 @@
 """Async admission end to end on CPU (`--oppo.staleness.max_policy_lag`): the next step's
 groups are admitted as the batch is taken and decode on the real vLLM engines while
 DeepSpeed trains; the ledger accounts for every group and no trained token is more
-than the lag behind the weights it trains (read from the per-step trace). The run is placed as
-OpenRLHF's async mode places its models (`--train.colocate_all --train.async_enable`: the
+than the lag behind the weights it trains (read from the per-step trace). The first run is placed
+as OpenRLHF's async mode places its models (`--train.colocate_all --train.async_enable`: the
 DeepSpeed models share a placement group, vLLM has its own), with OPPO's trainer in place of
 OpenRLHF's async one."""
 
@@ -20,10 +20,15 @@ pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRL
 # Lag 1 only: each run here costs CI minutes, and lag 2 (the `oppo-async` schedule, carry and
 # async admission together) is covered by the core's property test, the generator's test with
 # fakes and the simulator's tests; `bench schedules` runs it end to end (in the layout of its config).
-# The second run syncs the weights in the background (`--oppo.staleness.background_sync`).
-ASYNC_LAYOUT = ("--train.colocate_all", "--train.async_enable")
-LAG1 = ("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false", *ASYNC_LAYOUT)
-LAG_RUNS = {"lag1": (1, LAG1), "lag1-background-sync": (1, (*LAG1, "--oppo.staleness.background_sync", "true"))}
+# The second run syncs the weights in the background (`--oppo.staleness.background_sync`) from the
+# actor's two ZeRO-3 ranks, each sending its own partitions (`--oppo.staleness.background_sync_buffer
+# shards`), in OpenRLHF's default placement (vLLM and each model on logical GPUs of their own); the
+# background sync's default buffer runs in the resume test's runs, in the async layout.
+ASYNC_LAYOUT = ("--train.colocate_all", "--train.async_enable")  # as conftest.ASYNC_LAYOUT
+LAG1 = ("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false")
+SHARDED_SYNC = ("--oppo.staleness.background_sync", "true", "--oppo.staleness.background_sync_buffer", "shards",
+                "--actor.num_gpus_per_node", "2")
+LAG_RUNS = {"lag1": (1, (*LAG1, *ASYNC_LAYOUT)), "lag1-background-sync-shards": (1, (*LAG1, *SHARDED_SYNC))}
 
 
 def _run(train_runs, name: str):
@@ -71,8 +76,8 @@ def test_no_trained_token_is_more_than_the_lag_behind_and_some_decoded_during_tr
     assert all(row["oppo/forced_wait_s"] == 0.0 for row in metrics)
 
 
-def test_openrlhf_placed_the_run_as_its_async_mode_and_oppos_trainer_ran_it(lag_run):
-    _, run = lag_run
+def test_openrlhf_placed_the_run_as_its_async_mode_and_oppos_trainer_ran_it(train_runs):
+    _, run = _run(train_runs, "lag1")
     log = (run.root / "train.log").read_text()
     # OpenRLHF's train() prints this only on its async branch, the one that keeps vLLM out of the
     # DeepSpeed models' placement group (`pg if colocate_all and not async_enable else None`)
@@ -90,19 +95,22 @@ def _check_the_last_probe_holds_the_saved_actor(run, teacher_forced, logprob_ato
     assert trained_err < logprob_atol < initial_err and initial_err > 3 * trained_err
 
 
-def test_a_background_sync_lands_every_version_before_the_engines_decode_on(train_runs, teacher_forced, logprob_atol):
-    """The trainer waited for the gather only; the engines resumed once loaded (one landing per sync,
-    beside the driver's spans), and the last probe, decoded after the last landing, holds the saved
-    actor's weights, not the initial ones."""
+def test_a_sharded_background_sync_lands_every_version_before_the_engines_decode_on(train_runs, teacher_forced,
+                                                                                       logprob_atol):
+    """The trainer waited for its ranks' partitions to be sent only; the engines resumed once loaded
+    (one landing per sync, beside the driver's spans, once both ranks' partitions had come: no
+    gather). The last probe, decoded after the last landing, holds the saved actor's weights, not
+    the initial ones: a partition misplaced, dropped or left padded would not."""
     from openrlhf_oppo import timeline
 
-    _, run = _run(train_runs, "lag1-background-sync")
+    _, run = _run(train_runs, "lag1-background-sync-shards")
     probes = run.probes()
     assert [p["sync"] for p in probes] == [1, 2, 3, 4]
     rows = timeline.read(run.root / "timeline")
     landings = timeline.stage_spans(rows, "sync", "landing")
     syncs = timeline.stage_spans(rows, "driver", "weight_sync")
     assert len(landings) == len(syncs) == 4
+    assert len({r["pid"] for r in timeline.stage_spans(rows, "actor", "weight_sync")}) == 2  # both ranks sent
     paused = [m["oppo/engines_paused_s"] for m in _lines(run.root / "oppo_metrics.jsonl")]
     assert len(paused) == 4 and sum(paused[1:]) > 0  # a sync's pause ends when its loads land: the next step's
     for sync, landing in zip(sorted(syncs, key=lambda r: r["t0"]), sorted(landings, key=lambda r: r["t0"])):
@@ -111,46 +119,20 @@ def test_a_background_sync_lands_every_version_before_the_engines_decode_on(trai
 
 
 def test_a_run_with_the_sync_in_the_background_resumes_from_its_checkpoint_losing_nothing(
-        train_runs, tmp_path_factory, monkeypatch, check_resumed_ledger):
-    """`oppo-async-bg` (lag 2, carry-over, streaming off) killed right after step 0's checkpoint, with
-    groups carried and the next step's decoding and a sync's loads possibly still landing; the
+        stopped_and_resumed, check_resumed_ledger):
+    """`oppo-async-bg` (lag 2, carry-over, streaming off) stopped by SIGTERM once a step was done,
+    with groups carried and the next step's decoding and a sync's loads possibly still landing. The
     resumed run's first sync (the checkpoint's weights) lands in the background too, before any
-    carried sample decodes on."""
-    schedule, extra = "oppo-async-bg", ASYNC_LAYOUT
-    root_a = tmp_path_factory.mktemp("bg-resume-a")
-    with monkeypatch.context() as env:
-        env.setenv("OPPO_FAULTS", "driver@0")
-        run_a = train_runs(schedule, *extra, "--data.max_samples", "8", "--ckpt.save_steps", "1", output=root_a)
-    assert run_a.returncode != 0 and list((root_a / "checkpoints" / "_actor").glob("global_step1")), f"see {root_a}"
-    run_b = train_runs(schedule, *extra, "--data.max_samples", "8", "--ckpt.load_enable", "--ckpt.path",
-                       str(root_a / "checkpoints"), output=tmp_path_factory.mktemp("bg-resume-b"))
-    assert run_b.returncode == 0, run_b.failure()
-    assert [r["step"] for r in run_a.trace()] == [0] and [r["step"] for r in run_b.trace()][0] == 1
-    check_resumed_ledger(run_a, run_b)
-    events = ledger.read_events(run_a.root / "ledger.jsonl") + ledger.read_events(run_b.root / "ledger.jsonl")
-    assert ledger.check_events(events).ok
-
-
-def test_a_sharded_background_sync_reassembles_two_ranks_partitions_in_the_engines(train_runs, teacher_forced,
-                                                                                   logprob_atol):
-    """`--oppo.staleness.background_sync_buffer shards` with the actor on two ZeRO-3 ranks (vLLM and each
-    model on logical GPUs of their own, OpenRLHF's default placement): no gather;
-    each rank sends its own partitions (through Ray on CPU) and the engine loads the weights once both
-    have come. The last probe, decoded after the last landing, holds the saved actor's weights: a
-    partition misplaced, dropped or left padded would not."""
-    run = train_runs("oppo", "--oppo.staleness.max_policy_lag", "1", "--oppo.delta.enable", "false",
-                     "--oppo.staleness.background_sync", "true",
-                     "--oppo.staleness.background_sync_buffer", "shards", "--actor.num_gpus_per_node", "2",
-                     "--data.max_samples", "8")
-    assert run.returncode == 0, run.failure()
-    report = ledger.check_run(run.root)
-    assert report.ok and report.admitted == 8 and report.held == 0, report.summary()
-    probes = run.probes()
-    assert [p["sync"] for p in probes] == [1, 2]
+    carried sample decodes on, and so does every later one (the background sync's default buffer)."""
     from openrlhf_oppo import timeline
 
-    rows = timeline.read(run.root / "timeline")
-    assert len(timeline.stage_spans(rows, "sync", "landing")) == len(timeline.stage_spans(rows, "driver",
-                                                                                              "weight_sync")) == 2
-    assert len({r["pid"] for r in timeline.stage_spans(rows, "actor", "weight_sync")}) == 2  # both ranks sent
-    _check_the_last_probe_holds_the_saved_actor(run, teacher_forced, logprob_atol)
+    run_a, run_b = stopped_and_resumed.stopped, stopped_and_resumed.resumed
+    assert run_b.returncode == 0, run_b.failure()
+    steps_a, steps_b = [r["step"] for r in run_a.trace()], [r["step"] for r in run_b.trace()]
+    assert steps_a == list(range(len(steps_a))) and steps_b == list(range(len(steps_a), 6)), (steps_a, steps_b)
+    check_resumed_ledger(run_a.trace(), run_b.trace())
+    events = ledger.read_events(run_a.root / "ledger.jsonl") + ledger.read_events(run_b.root / "ledger.jsonl")
+    assert ledger.check_events(events).ok
+    rows = timeline.read(run_b.root / "timeline")
+    landings = timeline.stage_spans(rows, "sync", "landing")
+    assert len(landings) == len(timeline.stage_spans(rows, "driver", "weight_sync")) >= len(steps_b)

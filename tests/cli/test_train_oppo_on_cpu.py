@@ -200,44 +200,6 @@ def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs, 
         assert oppo_tb[tag] == pytest.approx(sync_tb[tag], rel=1e-5, abs=1e-7), tag
 
 
-def test_resume_from_checkpoint_trains_every_group_once_with_carried_tokens(train_runs, tmp_path_factory, monkeypatch,
-                                                                             check_resumed_ledger):
-    """Run A (8 prompts) checkpoints after step 0 with groups still carried and is killed
-    there (crash injection); run B loads the checkpoint, finishes the pass and goes on for
-    another one. Across both runs every admitted group is trained exactly once or still in
-    flight, the carried groups resume with every token they had, and B continues A's
-    prompt stream."""
-    root_a = tmp_path_factory.mktemp("resume-a")
-    with monkeypatch.context() as env:
-        env.setenv("OPPO_FAULTS", "driver@0")  # the trainer dies right after step 0's checkpoint
-        run_a = train_runs("oppo", "--data.max_samples", "8", "--ckpt.save_steps", "1", output=root_a)
-    assert run_a.returncode != 0 and list((root_a / "checkpoints" / "_actor").glob("global_step1")), f"see {run_a.root}"
-    run_b = train_runs(
-        "oppo",
-        "--data.max_samples",
-        "8",
-        "--ckpt.load_enable",
-        "--ckpt.path",
-        str(root_a / "checkpoints"),
-        "--train.num_episodes",
-        "2",
-        output=tmp_path_factory.mktemp("resume-b"),
-    )
-    assert run_b.returncode == 0, run_b.failure()
-    assert [r["step"] for r in run_a.trace()] == [0] and [r["step"] for r in run_b.trace()] == [1, 2, 3]
-    check_resumed_ledger(run_a, run_b)
-
-    # the ledger of A then B (a restart after A's step 1) accounts for every group
-    from openrlhf_oppo.core import ledger
-
-    events = ledger.read_events(run_a.root / "ledger.jsonl") + ledger.read_events(run_b.root / "ledger.jsonl")
-    report = ledger.check_events(events)
-    assert report.ok and report.restarts == 1, report.summary()
-
-    # group ids are stream positions, so the check above also says B admitted from A's
-    # position on, skipping and repeating none (position -> prompt: prompt_index_at)
-
-
 def test_fixed_lengths_decode_every_sample_at_its_drawn_length(train_runs, tmp_path_factory, tiny_assets):
     """`task.fixed_lengths`: every trained response has exactly the length drawn for its prompt
     and index, carried samples included (vLLM holds EOS back until then), so every schedule
