@@ -171,13 +171,19 @@ def stopped_and_resumed(tiny_assets, tmp_path_factory, train_runs) -> StoppedAnd
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     events: list[dict] = []
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    while not any(e["event"] == "step" and e["step"] >= 1 for e in events):  # two steps done
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
-        time.sleep(0.5)
-        path = root / ledger.LEDGER_FILE
-        events = ledger.read_events(path) if path.exists() else []
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    try:
+        while not any(e["event"] == "step" and e["step"] >= 1 for e in events):  # two steps done
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+            time.sleep(0.5)
+            path = root / ledger.LEDGER_FILE
+            events = ledger.read_events(path) if path.exists() else []
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:  # the check above failed: end the run (the launcher takes its processes down)
+            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
     stopped = TrainRun("oppo-async-bg", proc.returncode, root, tiny_assets)
     resumed = train_runs("oppo-async-bg", *ASYNC_LAYOUT, "--data.max_samples", "24", "--ckpt.load_enable",
                          "--ckpt.path", str(root / "checkpoints"), output=tmp_path_factory.mktemp("resumed"))
