@@ -60,9 +60,9 @@ def test_a_resumed_megatron_run_trains_every_group_once_and_syncs_its_weights(me
     probes_a, probes_b = run_a.probes(), run_b.probes()
     assert len(probes_a) == 1 and len(probes_b) == 4, (len(probes_a), len(probes_b))
     assert probes_b[0]["token_ids"] == probes_a[-1]["token_ids"]
-    # Not bit for bit: in two runs of three the logprobs were 1.4e-6 apart at one of the 16
-    # positions, the same figure at the same one (3 fp32 ulps at -5.1), tokens equal; in the
-    # third, 0. That is what one bf16 ulp in one unlikely token's logit does to the chosen
+    # Not bit for bit: in two runs of five the logprobs were 1.43e-6 apart (3 fp32 ulps at about
+    # -5; at one of the 16 positions where that was kept), tokens equal; in three, 0 or under
+    # 1e-6. That is what one bf16 ulp in one unlikely token's logit does to the chosen
     # token's log-prob (0.03 times its probability, ~5e-5). Where that ulp comes from is not
     # pinned down: the bf16 round trip of the checkpoint, or the batch each probe decodes in (A's
     # beside its carried groups); a standalone engine gave the probe the same logprobs alone and
