@@ -61,14 +61,14 @@ def test_a_resumed_megatron_run_trains_every_group_once_and_syncs_its_weights(me
     assert len(probes_a) == 1 and len(probes_b) == 4, (len(probes_a), len(probes_b))
     assert probes_b[0]["token_ids"] == probes_a[-1]["token_ids"]
     # Not bit for bit: in two runs of seven the logprobs were 1.43e-6 apart (3 fp32 ulps at about
-    # -5; at one of the 16 positions where that was kept), tokens equal; in the others 0 (four)
-    # or under 1e-4. That is what one bf16 ulp in one unlikely token's logit does to the chosen
-    # token's log-prob (0.03 times its probability, ~5e-5). Where that ulp comes from is not
-    # pinned down: the batch each probe decodes in (A's beside its carried groups) or the weights'
-    # round trip through the checkpoint. A standalone engine gave the probe bit-equal logprobs
-    # alone, beside 1-7 others before and mid-decode, and beside 4-16 prompts of 120-200 tokens.
-    # The steps after the resume moved them by 1.3-3.0: within 1e-4 still says the resume
-    # synced the checkpoint's weights.
+    # -5; at one of the 16 positions where that was kept), tokens equal; in the others 0 (three),
+    # under 1e-6 (one) or under 1e-4 (one, not kept). That is what one bf16 ulp in one unlikely
+    # token's logit does to the chosen token's log-prob (0.03 times its probability, ~5e-5).
+    # Where that ulp comes from is not pinned down: the batch each probe decodes in (A's beside
+    # its carried groups) or the weights' round trip through the checkpoint. A standalone engine
+    # gave the probe bit-equal logprobs alone, beside 1-7 others before and mid-decode, and
+    # beside 4-16 prompts of 120-200 tokens. The steps after the resume moved them by 1.3-3.0:
+    # within 1e-4 still says the resume synced the checkpoint's weights.
     assert probes_b[0]["logprobs"] == pytest.approx(probes_a[-1]["logprobs"], abs=1e-4)
     assert any(p["logprobs"] != probes_a[-1]["logprobs"] for p in probes_b[1:])
     # the update's statistics reach TensorBoard under OpenRLHF's names, one a step
