@@ -121,6 +121,13 @@ def tiny_assets(tmp_path_factory) -> Path:
     return tiny.build(tmp_path_factory.mktemp("tiny-assets")).root
 
 
+def _train_argv(schedule: str, root: Path, assets: Path, extra=(), config: Path = CONFIG) -> list[str]:
+    """`openrlhf-oppo train`'s arguments for a run of the tiny task into `root`."""
+    argv = ["train", "--schedule", schedule, "--config", str(config), "--assets", str(assets),
+            "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S)]
+    return [*argv, "--", *extra] if extra else argv
+
+
 @pytest.fixture(scope="session")
 def train_runs(tmp_path_factory, tiny_assets):
     """schedule -> TrainRun, run on first request."""
@@ -133,12 +140,9 @@ def train_runs(tmp_path_factory, tiny_assets):
         key = (schedule, extra, output, config)
         if key not in cache:
             root = output or tmp_path_factory.mktemp(f"run-{schedule}")
-            argv = ["train", "--schedule", schedule, "--config", str(config), "--assets", str(tiny_assets),
-                    "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S)]
-            if extra:
-                argv += ["--", *extra]
             with cpu_use.Sampler(root / cpu_use.FILE):  # as `bench schedules` samples its runs
-                cache[key] = TrainRun(schedule, main(argv), root, tiny_assets)
+                cache[key] = TrainRun(schedule, main(_train_argv(schedule, root, tiny_assets, extra, config)), root,
+                                      tiny_assets)
         return cache[key]
 
     return run
@@ -165,8 +169,7 @@ def stopped_and_resumed(tiny_assets, tmp_path_factory, train_runs) -> StoppedAnd
     from openrlhf_oppo.core import ledger
 
     root = tmp_path_factory.mktemp("stopped")
-    argv = ["train", "--schedule", "oppo-async-bg", "--config", str(CONFIG), "--assets", str(tiny_assets),
-            "--output", str(root), "--timeout-s", str(RUN_TIMEOUT_S), "--", *ASYNC_LAYOUT, "--data.max_samples", "24"]
+    argv = _train_argv("oppo-async-bg", root, tiny_assets, (*ASYNC_LAYOUT, "--data.max_samples", "24"))
     proc = subprocess.Popen([sys.executable, "-m", "openrlhf_oppo.cli.main", *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     events: list[dict] = []
