@@ -85,6 +85,21 @@ def carried_in_training(staleness, args, cpu_host: bool) -> str:
     return "hold" if shared and staleness.max_policy_lag == 0 else "decode"
 
 
+def admission_warnings(lag: int, args) -> list[str]:
+    """Start-up warnings on async admission's policy lag bound `lag` (`--oppo.staleness.max_policy_lag`)."""
+    flag = f"OPPO: --oppo.staleness.max_policy_lag {lag}"
+    out = []
+    if lag and args.train.colocate_all and not args.train.async_enable:
+        out.append(f"{flag} with --train.colocate_all: the vLLM engines share the training GPUs, so the groups "
+                   "admitted at each batch decode beside the update, not on idle GPUs (little to gain, memory "
+                   "shared); async admission is for vLLM on its own GPUs (add --train.async_enable: the DeepSpeed "
+                   "models keep sharing theirs, as in OpenRLHF's async mode; or drop --train.colocate_all)")
+    if lag > 2:
+        out.append(f"{flag}: on the built-in learn task a bound of 3 leaned below sync and one of 4 ended below it "
+                   "in held-out learned reward at all six seeds (docs/convergence.md); the async schedules use 2")
+    return out
+
+
 def build_samples_generator(base, reward_group, reference_group=None) -> OppoSamplesGenerator:
     """OPPO's generator in place of OpenRLHF's `base` (which only holds references, nothing
     started), with its collaborators. `reward_group` / `reference_group`: OpenRLHF's groups, made
@@ -94,12 +109,8 @@ def build_samples_generator(base, reward_group, reference_group=None) -> OppoSam
     actors = _streamed_group(reward_group, reward_mode(args, oppo) == "stream", "reward")
     ref_actors = _streamed_group(reference_group, "reference" in oppo.streaming.scorers(), "reference")
     lag = oppo.staleness.max_policy_lag
-    if lag and args.train.colocate_all and not args.train.async_enable:
-        log.warning("OPPO: --oppo.staleness.max_policy_lag %d with --train.colocate_all: the vLLM engines share the "
-                    "training GPUs, so the groups admitted at each batch decode beside the update, not on idle "
-                    "GPUs (little to gain, memory shared); async admission is for vLLM on its own GPUs "
-                    "(add --train.async_enable: the DeepSpeed models keep sharing theirs, as in OpenRLHF's async "
-                    "mode; or drop --train.colocate_all)", lag)
+    for message in admission_warnings(lag, args):
+        log.warning(message)
     staleness = {"carried_in_training": carried_in_training(oppo.staleness, args, run_env.compat_enabled())}
     if args.vllm.enable_sleep:  # asleep, the engines drop every KV cache: nothing decodes on older weights' KV
         staleness["keep_kv_cache"] = False
