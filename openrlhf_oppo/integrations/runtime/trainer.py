@@ -48,6 +48,7 @@ from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.core import OverlapScheduler
+from openrlhf_oppo.integrations.launch.schedules import ASYNC_POLICY_LAG
 from openrlhf_oppo.integrations.runtime import advantages, background_sync, faults, guards, micro_batches
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
@@ -94,9 +95,10 @@ def admission_warnings(lag: int, args) -> list[str]:
                    "admitted at each batch decode beside the update, not on idle GPUs (little to gain, memory "
                    "shared); async admission is for vLLM on its own GPUs (add --train.async_enable: the DeepSpeed "
                    "models keep sharing theirs, as in OpenRLHF's async mode; or drop --train.colocate_all)")
-    if lag > 2:
+    if lag > ASYNC_POLICY_LAG:
         out.append(f"{flag}: on the built-in learn task a bound of 3 leaned below sync and one of 4 ended below it "
-                   "in held-out learned reward at all six seeds (docs/convergence.md); the async schedules use 2")
+                   f"in held-out learned reward at all six seeds (docs/convergence.md); the async schedules use "
+                   f"{ASYNC_POLICY_LAG}")
     return out
 
 
