@@ -29,6 +29,8 @@ CARRIED_IN_TRAINING = ("auto", "decode", "hold")  # staleness.carried_in_trainin
 # staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
 # beyond the seed spread (docs/convergence.md); TIS, OpenRLHF's token-level clip, is the conservative pick
 AUTO_CORRECTION = "tis"
+# the async schedules' policy lag bound: on the learn task 2 learned as sync does, 3 and 4 did not (docs/convergence.md)
+ASYNC_POLICY_LAG = 2
 REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
 # YAML and flags read alike: a flag's text converts when lossless ("8", "true", "64,128").
@@ -96,12 +98,8 @@ class ChunkConfig:
 
     def validate(self) -> None:
         _require(self.size_tokens >= 1, "chunk.size_tokens", "an integer >= 1", self.size_tokens)
-        _require(
-            len(self.candidates) >= 1 and all(isinstance(c, int) and c >= 1 for c in self.candidates),
-            "chunk.candidates",
-            "a non-empty list of integers >= 1",
-            self.candidates,
-        )
+        _require(len(self.candidates) >= 1 and all(isinstance(c, int) and c >= 1 for c in self.candidates),
+                 "chunk.candidates", "a non-empty list of integers >= 1", self.candidates)
         _require(len(set(self.candidates)) == len(self.candidates), "chunk.candidates", "free of duplicates",
                  self.candidates)
         _require(self.trial_steps >= 1, "chunk.trial_steps", "an integer >= 1", self.trial_steps)

@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from openrlhf_oppo.config import ASYNC_POLICY_LAG
+
 FlagValue = object  # bool | int | float | str | list
 FlagFn = Callable[[dict[str, FlagValue]], FlagValue]  # derives a value from the other flags
-# the async schedules' policy lag bound: on the learn task 2 learned as sync does, 3 and 4 did not (docs/convergence.md)
-ASYNC_POLICY_LAG = 2
 
 
 def _oversampled_batch(flags: dict[str, FlagValue]) -> int:

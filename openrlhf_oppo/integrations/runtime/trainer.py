@@ -47,8 +47,8 @@ from openrlhf.trainer.ray import launcher as _launcher
 from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 
 from openrlhf_oppo import run_env, timeline
+from openrlhf_oppo.config import ASYNC_POLICY_LAG
 from openrlhf_oppo.core import OverlapScheduler
-from openrlhf_oppo.integrations.launch.schedules import ASYNC_POLICY_LAG
 from openrlhf_oppo.integrations.runtime import advantages, background_sync, faults, guards, micro_batches
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
