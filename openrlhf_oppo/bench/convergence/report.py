@@ -73,7 +73,8 @@ def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Pat
 
     def save(fig, ax, name: str, title: str) -> None:
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         fig.tight_layout()
         out.mkdir(parents=True, exist_ok=True)
         fig.savefig(out / name, dpi=120)
