@@ -2,7 +2,7 @@
 
 `bench schedules` samples each run (`RUN_DIR/cpu.jsonl`): every `interval_s`, the user +
 system CPU seconds each process of the run has used so far (the launcher, Ray's daemons, the
-driver, each Ray actor by its process title, vLLM's engine core; `soak.run_processes`),
+driver, each Ray actor by its process title, vLLM's engine core; `processes.run_processes`),
 summed by process name. A process that exited keeps its last figure, so a name's total only
 grows. Over a run's measured steps (between two step events) it gives:
 
@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections import Counter
 from pathlib import Path
 
-from openrlhf_oppo.bench.soak import IDLE_NAMES, run_processes
+from openrlhf_oppo.bench.processes import IDLE_NAMES, run_processes
 from openrlhf_oppo.bench.table import name_width
 
 FILE = "cpu.jsonl"

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from openrlhf_oppo.bench import breakdown, cpu_use
 from openrlhf_oppo.bench.table import Spread, fmt, name_width, relative_spread, spread, table_line
-from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
+from openrlhf_oppo.integrations.launch.schedules import all_schedules, check
 
 STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
 # OpenRLHF 0.11.2: BasePPOTrainer._compute_rollout_stats puts these in every step's status
@@ -60,7 +60,7 @@ STEP_TAG = "train/policy_loss"  # logged once per PPO step by every schedule
 # TensorboardLogger.log_train writes each status key `k` as `train/k`
 LENGTH_TAG = "train/rollout/response_length_mean"  # mean response tokens of the step's trained samples
 SAMPLES_TAG = "train/rollout/num_samples"  # samples trained in the step
-DEFAULT_SCHEDULES = ("sync", "async", "partial", "oversample", "oppo-intra", "oppo-inter", "oppo-fixed", "oppo")
+DEFAULT_SCHEDULES = ("sync", "async", "partial", "oversample", "oppo", "oppo-async-bg")
 OPPO_KEYS = ("oppo/overlap_fraction", "oppo/scorer_idle_fraction", "oppo/deferred_fraction")
 CPU_KEYS = ("cores_busy", "cpu_s_per_ktok")  # cpu_use.window, over the same steps
 FIGURES = ("mean_step_s", "trained_tokens_per_s", "median_step_s", "wall_s", "reward", *OPPO_KEYS, *CPU_KEYS)
@@ -136,7 +136,7 @@ def summarize_run(root: Path, warmup_steps: int = 2, scalars: dict | None = None
 
 def is_openrlhf(schedule: str) -> bool:
     """One of OpenRLHF's own modes: run by OpenRLHF's entry module, not openrlhf_oppo's."""
-    return not SCHEDULES[schedule].entry_module.startswith("openrlhf_oppo")
+    return not check(schedule).entry_module.startswith("openrlhf_oppo")
 
 
 def _figure(runs: list[dict], key: str) -> Spread:
@@ -350,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
                         "them again; run the rest (a bench cut short, or a schedule or repeat added)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags for every run")
     args = p.parse_args(argv)
-    unknown = [s for s in args.schedules if s not in SCHEDULES]
+    offered = all_schedules()
+    unknown = [s for s in args.schedules if s not in offered]
     if unknown:
-        p.error(f"--schedules: unknown {', '.join(unknown)}; allowed: {', '.join(SCHEDULES)}")
+        p.error(f"--schedules: unknown {', '.join(unknown)}; allowed: {', '.join(offered)}")
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.warmup_steps < 1:

@@ -6,17 +6,8 @@ import importlib
 import sys
 
 TARGETS = {
-    "core": ("openrlhf_oppo.bench.core", "scheduler CPU cost per step (1,024 groups x 4, long tail)"),
-    "advantages": ("openrlhf_oppo.bench.advantages",
-                   "GAE / REINFORCE returns: OpenRLHF's per-position loop vs whole-tensor, per micro-batch"),
-    "engine": ("openrlhf_oppo.bench.engine", "vLLM decode iteration cost on this host by sequences decoded together"),
     "scorer": ("openrlhf_oppo.bench.scorer", "streamed vs one-shot scoring time per chunk size"),
     "schedules": ("openrlhf_oppo.bench.schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
-    "convergence": ("openrlhf_oppo.bench.convergence",
-                    "reward per step and per second over seeds: sync vs OPPO, time-to-reward, length bias"),
-    "soak": ("openrlhf_oppo.bench.soak", "a long run: RSS of every process and reward-actor KV tokens over steps"),
-    "control-plane": ("openrlhf_oppo.bench.control_plane",
-                      "driver CPU, Ray messages and token lag at GPU rates (synthetic engines, real generator)"),
 }
 
 

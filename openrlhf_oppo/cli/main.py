@@ -1,7 +1,7 @@
 """`openrlhf-oppo` console script: one entry point, subcommands in their own modules.
 
-    openrlhf-oppo train --schedule sync|async|partial|oversample|oppo|... --config configs/tiny-cpu.yaml
-    openrlhf-oppo bench core|scorer|schedules
+    openrlhf-oppo train --schedule oppo|oppo-async-bg|... --config configs/tiny-cpu.yaml   # --help lists them
+    openrlhf-oppo bench scorer|schedules
     openrlhf-oppo plot timeline|compare|lengths RUN_DIR...
     openrlhf-oppo prepare      # build the tiny task's model/tokenizer assets
     openrlhf-oppo config       # resolve and print the OPPO settings
@@ -9,7 +9,7 @@
     openrlhf-oppo simulate --preset paper-7b-h200 [--set k=v] [--sweep k=v1,v2]   # cluster-scale simulator
 
 Each subcommand lives in `openrlhf_oppo.cli.<name>` and exposes `main(argv) -> int`;
-heavy imports happen inside it, so `openrlhf-oppo bench core` needs no torch.
+heavy imports happen inside it, so `openrlhf-oppo simulate` needs no torch.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import sys
 
 SUBCOMMANDS = {
     "train": ("openrlhf_oppo.cli.train", "run OpenRLHF PPO (baselines) or OPPO on a YAML config"),
-    "bench": ("openrlhf_oppo.cli.bench", "micro-benchmarks: `core` (scheduler), `scorer` (streaming prefill)"),
+    "bench": ("openrlhf_oppo.cli.bench", "`schedules` (OpenRLHF's modes vs OPPO's), `scorer` (streamed prefill cost)"),
     "plot": ("openrlhf_oppo.bench.plot", "pictures of a run: `timeline` (Gantt), `compare` (two runs), `lengths`"),
     "config": ("openrlhf_oppo.cli.config", "resolve, validate and print the OPPO settings (YAML + --oppo.* flags)"),
     "prepare": ("openrlhf_oppo.cli.prepare", "build the tiny task's tokenizer, models and prompts locally"),
     "ledger": ("openrlhf_oppo.cli.ledger", "`check RUN_DIR`: every prompt group trained exactly once or still held"),
-    "simulate": ("openrlhf_oppo.sim.cli", "cluster-scale simulator driving the real scheduler; `calibrate RUN_DIR...`"),
+    "simulate": ("openrlhf_oppo.sim.cli",
+                 "cluster-scale what-if driving the real scheduler (`--best-layout`: each schedule's best layout)"),
 }
 
 

@@ -56,7 +56,7 @@ def _learning(root: Path, steps: int) -> list[str]:
     policy's on the same prompts (the task's data/sft_baseline.jsonl: what the prompts alone
     would give), mean response length and the share at the cap, the first `steps` steps
     against the last; nothing for another task, or a run of fewer than 2 * `steps` steps."""
-    from openrlhf_oppo.bench.convergence.read import jsonl, load_baseline, load_tokenizer, trained_samples
+    from openrlhf_oppo.tasks.learn.rollouts import jsonl, load_baseline, load_tokenizer, trained_samples
 
     records = jsonl(root / "rollouts.jsonl")
     flag = _run_flags(root)
@@ -90,12 +90,12 @@ def _learning(root: Path, steps: int) -> list[str]:
 
 def heldout(root: Path) -> list[str]:
     """For a learn-task run: the SFT policy and the run's final actor (`--ckpt.output_dir`) on
-    the prompts after the trained ones (`--data.max_samples`), as `bench convergence` scores
+    the prompts after the trained ones (`--data.max_samples`), as the lab's convergence study scores
     them: exact match, learned reward, the share at the cap. A step's trained samples swing with
     its prompts and loops; these prompts are the same for both. Nothing for another task or
     where no prompt is left out."""
-    from openrlhf_oppo.bench.convergence import final_eval
     from openrlhf_oppo.tasks import learn
+    from openrlhf_oppo.tasks.learn import evaluation
 
     flag = _run_flags(root)
     if "--actor.model_name_or_path" not in flag or "--data.max_samples" not in flag:
@@ -107,9 +107,9 @@ def heldout(root: Path) -> list[str]:
     if spec is None or not (model / "config.json").exists() or len(learn.read_jsonl(assets.prompts)) <= trained:
         return []
     print(f"openrlhf-oppo train: scoring the SFT policy and the final actor on held-out prompts "
-          f"({final_eval.SAMPLES_PER_PROMPT} samples each) ...", flush=True)
+          f"({evaluation.SAMPLES_PER_PROMPT} samples each) ...", flush=True)
     with _output_to(root / "train.log"):  # transformers', DeepSpeed's and OpenRLHF's loading lines, as in the run
-        prompts, figs = final_eval.evaluate_against_sft(assets.root, spec, {"run": model}, trained)
+        prompts, figs = evaluation.evaluate_against_sft(assets.root, spec, {"run": model}, trained)
     sft, run_ = figs["sft"], figs["run"]
     return [f"held out ({prompts} prompts no step trained on), the SFT policy -> this run's final actor: exact match "
             f"{sft['exact_match']:.3f} -> {run_['exact_match']:.3f}; learned reward {sft['mean_reward']:+.3f} -> "

@@ -1,4 +1,4 @@
 """Simulation: the cluster-scale discrete-event simulator (`presets`, `costs`, `engine`,
-`drivers`, `report`, `calibrate`, `cli`), driving the real scheduler core. The synthetic
-rollout engine it shares with the benchmarks is `openrlhf_oppo.bench.synthetic`. See
-docs/simulator.md."""
+`drivers`, `layouts`, `report`, `cli`), driving the real scheduler core: what a schedule's step
+costs on a cluster's GPUs before it is rented. Its calibration and validation are the lab's
+(`oppo_lab/sim`). See docs/design.md."""

@@ -2,9 +2,6 @@
 
     openrlhf-oppo simulate --preset paper-7b-h200 [--set key=value ...] [--output DIR]
     openrlhf-oppo simulate --preset paper-7b-h200 --sweep delta.max=0,4,8,16 [--sweep ...]
-    openrlhf-oppo simulate calibrate RUN_DIR [RUN_DIR ...] --output openrlhf_oppo/sim/presets/cpu-longtail.yaml
-    openrlhf-oppo simulate published [--presets NAME ...] [--set key=value ...]
-    openrlhf-oppo simulate validate RUN_DIR [RUN_DIR ...] [--preset cpu-longtail]   # against measured runs
 
 Prints `bench schedules`' table for every schedule (and, for a preset with the paper's
 figures, the calibration table), writes each schedule's simulated timeline in the format
@@ -23,10 +20,10 @@ from pathlib import Path
 
 from openrlhf_oppo.core.types import LAG_BUCKETS
 from openrlhf_oppo.sim import drivers, layouts, presets, report
-from openrlhf_oppo.sim.drivers import SCHEDULE_NAMES
+from openrlhf_oppo.sim.drivers import schedule_names
 from openrlhf_oppo.sim.report import NAME_W
 
-SWEEP_SCHEDULES = ("sync", "oppo-intra", "oppo-inter", "oppo")
+SWEEP_SCHEDULES = ("sync", "oversample", "oppo", "oppo-async-bg")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulate once per value (several --sweep flags are zipped); writes a PNG")
     p.add_argument("--schedules", nargs="+", default=None,
                    help=f"schedules to simulate (default: all; sweeps: {' '.join(SWEEP_SCHEDULES)}); "
-                        f"allowed: {', '.join(SCHEDULE_NAMES)}")
+                        f"allowed: {', '.join(schedule_names())}")
     p.add_argument("--output", type=Path, default=None,
                    help="timelines, PNGs, summary.json (default: runs/sim/<preset>)")
     p.add_argument("--best-layout", action="store_true",
@@ -53,21 +50,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "calibrate":
-        from openrlhf_oppo.sim import calibrate
-
-        return calibrate.main(argv[1:])
-    if argv and argv[0] == "published":
-        from openrlhf_oppo.sim import published
-
-        return published.main(argv[1:])
-    if argv and argv[0] == "validate":
-        from openrlhf_oppo.sim import validate
-
-        return validate.main(argv[1:])
     args = _parser().parse_args(argv)
     sets = [s for group in args.sets for s in group]
-    schedules = _schedules(args.schedules, SWEEP_SCHEDULES if args.sweep else SCHEDULE_NAMES)
+    schedules = _schedules(args.schedules, SWEEP_SCHEDULES if args.sweep else schedule_names())
     base = presets.load_preset(args.preset, sets)  # validates the preset and every --set first
     out = args.output or Path("runs") / "sim" / base.name
     no_plot = args.no_plot or not _can_plot()
@@ -146,9 +131,10 @@ def _can_plot() -> bool:
 def _schedules(given: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
     if given is None:
         return default
-    unknown = [s for s in given if s not in SCHEDULE_NAMES]
+    offered = schedule_names()
+    unknown = [s for s in given if s not in offered]
     if unknown:
-        raise ValueError(f"--schedules: unknown {', '.join(unknown)}; allowed: {', '.join(SCHEDULE_NAMES)}")
+        raise ValueError(f"--schedules: unknown {', '.join(unknown)}; allowed: {', '.join(offered)}")
     return tuple(given)
 
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from openrlhf_oppo.integrations.launch.schedules import is_oppo
 from openrlhf_oppo.sim import memory
-from openrlhf_oppo.sim.drivers import OPPO_SCHEDULES
 from openrlhf_oppo.sim.presets import SimConfig, Split, schedule_oppo, vllm_tp_fits
 
 ASYNC_BASELINES = ("async", "partial", "oversample")
@@ -83,7 +83,7 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
 
 def streams_reward(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams chunks into the reward model with `cfg`'s OPPO settings."""
-    if schedule not in OPPO_SCHEDULES:
+    if not is_oppo(schedule):
         return False
     return "reward" in schedule_oppo(cfg, schedule).streaming.scorers()
 
@@ -91,14 +91,14 @@ def streams_reward(cfg: SimConfig, schedule: str) -> bool:
 def admits_async(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` admits the next step's groups while the trainer trains (OPPO's
     `staleness.max_policy_lag` >= 1 with `cfg`'s OPPO settings, as `oppo-async`)."""
-    if schedule not in OPPO_SCHEDULES:
+    if not is_oppo(schedule):
         return False
     return schedule_oppo(cfg, schedule).staleness.max_policy_lag >= 1
 
 
 def forwards_ahead(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` forwards committed groups ahead of the batch (`streaming.experience_ahead`)."""
-    if schedule not in OPPO_SCHEDULES:
+    if not is_oppo(schedule):
         return False
     return schedule_oppo(cfg, schedule).streaming.experience_ahead
 
@@ -113,7 +113,7 @@ def syncs_in_background(cfg: SimConfig, schedule: str) -> bool:
 
 def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
     """Whether `schedule` streams the reference into OPPO's streaming reference actors."""
-    if schedule not in OPPO_SCHEDULES:
+    if not is_oppo(schedule):
         return False
     streaming = schedule_oppo(cfg, schedule).streaming
     return "reference" in streaming.scorers() and streaming.reference_actors

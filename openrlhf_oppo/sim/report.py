@@ -18,10 +18,10 @@ from openrlhf_oppo.bench import schedules as bench_schedules
 from openrlhf_oppo.bench.table import name_width
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts
-from openrlhf_oppo.sim.drivers import BASELINES, SCHEDULE_NAMES, RunResult, simulate, summarize
+from openrlhf_oppo.sim.drivers import BASELINES, RunResult, schedule_names, simulate, summarize
 from openrlhf_oppo.sim.presets import SimConfig
 
-NAME_W = name_width(SCHEDULE_NAMES)  # the printed tables' schedule column
+NAME_W = 17  # the printed tables' schedule column: room for registered schedules' longer names too
 ABLATIONS = (("intra", "oppo-intra"), ("inter", "oppo-inter"), ("both", "oppo"))
 TOLERANCE = 0.20  # a simulated ratio within ±20 % of the paper's counts as reproduced
 
@@ -38,11 +38,11 @@ class Simulated:
     searched: bool = False  # each schedule in its own best layout (`best_layouts`): no like-for-like ablation
 
 
-def run_all(cfg: SimConfig, schedules: tuple[str, ...] = SCHEDULE_NAMES) -> Simulated:
+def run_all(cfg: SimConfig, schedules: tuple[str, ...] | None = None) -> Simulated:
     """Every schedule its framework can run in `cfg`'s layout (`sim.layouts`), each in that layout
     with vLLM's memory share fitted; the others refused with why."""
     sim = Simulated(cfg, {}, {})
-    for s in schedules:
+    for s in schedules or schedule_names():
         fitted, reasons = layouts.check(cfg, s)
         if reasons:
             sim.refused[s] = reasons

@@ -1,6 +1,6 @@
 """The package's layout: every import counted (module level, inside functions, under
 TYPE_CHECKING), no cycle among the product's modules, no arrow from a lower layer to a
-higher one, and no product file over 400 lines. See docs/design.md, "Layout"."""
+higher one, and no import of the lab (`oppo_lab`) from the product. See docs/design.md, "Layout"."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "openrlhf_oppo"
-MAX_LINES = 400
+LAB = "oppo_lab"  # the studies' package: the product never imports it
 
 # Lowest first. A module may import its own layer and the ones below, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -58,6 +58,28 @@ def _targets(module: str, is_package: bool, node: ast.AST, mods: dict[str, Path]
         if name.startswith("openrlhf_oppo"):
             out.append(name)
     return out
+
+
+def _imported_names(module: str, is_package: bool, node: ast.AST) -> list[str]:
+    """The absolute module names an import statement names (a relative one resolved)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not node.level:
+        return [node.module or ""]
+    parts = module.split(".")[: len(module.split(".")) - (0 if is_package else 1)]
+    parts = parts[: len(parts) - (node.level - 1)]
+    return [".".join(parts + ([node.module] if node.module else []))]
+
+
+def lab_imports(package: Path = PACKAGE) -> list[str]:
+    """`module -> name` for every import of the lab anywhere in the product's source."""
+    found = []
+    for module, path in sorted(product_modules(package).items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [f"{module} -> {name}" for name in _imported_names(module, path.name == "__init__.py", node)
+                          if name == LAB or name.startswith(LAB + ".")]
+    return found
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
@@ -137,15 +159,13 @@ def test_every_product_module_has_a_layer():
         layer_of(module)
 
 
-def test_no_product_file_over_400_lines():
-    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    long = {path: n for path, n in lines.items() if n > MAX_LINES}
-    assert long == {}
+def test_the_product_never_imports_the_lab():
+    assert lab_imports() == []
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):
-    """The checks above can fail: a cycle, a function-level upward import and a
-    TYPE_CHECKING import in a throwaway package are all found."""
+    """The checks above can fail: a cycle, a function-level upward import, a
+    TYPE_CHECKING import and imports of the lab in a throwaway package are all found."""
     pkg = tmp_path / "openrlhf_oppo"
     (pkg / "core").mkdir(parents=True)
     (pkg / "cli").mkdir()
@@ -158,8 +178,12 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     )
     (pkg / "cli" / "main.py").write_text("from . import helper\n")
     (pkg / "cli" / "helper.py").write_text("")
+    (pkg / "cli" / "lab_user.py").write_text("def f():\n    import oppo_lab.sim.calibrate\n")
+    (pkg / "core" / "c.py").write_text("from oppo_lab import schedules\n")
     graph = import_graph(pkg)
     assert cycles(graph) == [["openrlhf_oppo.core.a", "openrlhf_oppo.core.b"]]
+    assert lab_imports(pkg) == ["openrlhf_oppo.cli.lab_user -> oppo_lab.sim.calibrate",
+                                "openrlhf_oppo.core.c -> oppo_lab"]
     assert upward_imports(graph) == ["openrlhf_oppo.core.b (layer 2) -> openrlhf_oppo.cli.main (layer 11)"]
     assert graph["openrlhf_oppo.cli.main"] == {"openrlhf_oppo.cli.helper"}
 

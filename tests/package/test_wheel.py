@@ -29,11 +29,11 @@ def test_presets_are_found_inside_the_package_by_importlib_resources():
 
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
                     reason="needs a git checkout to list the tracked files")
-def test_wheel_holds_the_presets(tmp_path):
+def test_wheel_holds_the_presets_and_no_lab_code(tmp_path):
     # Build from a copy of the tracked files, so the checkout gets no build/ or egg-info and
     # nothing untracked (or stale in build/lib) can slip into the wheel.
     src = tmp_path / "src"
-    tracked = subprocess.run(["git", "ls-files", "pyproject.toml", "README.md", "openrlhf_oppo"], cwd=REPO,
+    tracked = subprocess.run(["git", "ls-files", "pyproject.toml", "README.md", "openrlhf_oppo", "oppo_lab"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout.split()
     for rel in tracked:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -45,3 +45,6 @@ def test_wheel_holds_the_presets(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"openrlhf_oppo/sim/presets/{f}" for f in PRESET_FILES} <= names
     assert "openrlhf_oppo/sim/presets/__init__.py" in names
+    # the lab sits beside the package in the source tree, and none of it is in the wheel
+    assert any(rel.startswith("oppo_lab/") for rel in tracked)
+    assert [n for n in names if n.startswith("oppo_lab")] == []

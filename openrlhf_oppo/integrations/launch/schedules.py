@@ -1,39 +1,31 @@
-"""Schedule name -> OpenRLHF 0.11.2 flags. Adding a schedule is adding a row.
+"""Schedule name -> OpenRLHF 0.11.2 flags: what `--schedule` offers. Adding a schedule is adding a row.
 
-    sync        OpenRLHF's synchronous PPO (generate -> score -> train -> sync)
+OpenRLHF's own modes, the baselines:
+
+    sync        synchronous PPO (generate -> score -> train -> sync)
     async       --train.async_enable: rollout in a background loop, a queue to the trainer
     partial     + --train.partial_rollout_enable: vLLM pause/resume(keep) across weight sync
     oversample  async with --rollout.vllm_generate_batch_size = 2 x rollout.batch_size:
                 the extra prompts are generated to completion and queued
-    oppo        OPPO: chunks streamed into the reward model while the actor decodes
-                (intra-step) and B+Δ groups admitted, first B trained, rest carried (inter-step)
-    oppo-ref    OPPO with the reference streamed too (--oppo.streaming.reference true): streaming
-                reference actors in OpenRLHF's reference group replace its reference forward
-    oppo-async  OPPO with async admission (--oppo.staleness.max_policy_lag 2): the next step's
-                groups are admitted as the trainer takes a batch and decode while it trains
-    oppo-async-inter
-                async admission without streaming: OpenRLHF's reward forward, so under
-                --train.colocate_all --train.async_enable the reward model shares the DeepSpeed
-                models' GPUs, as in OpenRLHF's async mode
+
+OPPO's, one to choose by layout (docs/quickstart.md):
+
+    oppo        chunks streamed into the reward model while the actor decodes (intra-step), B+Δ
+                groups admitted, the first B trained, the rest carried (inter-step). The default
+                where vLLM shares the GPUs with training (colocated, or the hybrid engine)
+    oppo-async  `oppo` with async admission (--oppo.staleness.max_policy_lag 2): the next step's
+                groups decode while the trainer trains; for vLLM on GPUs of its own with a
+                learned reward model that has GPUs of its own too
     oppo-async-bg
-                oppo-async-inter with the weight sync in the background
-                (--oppo.staleness.background_sync): the trainer waits for the gather only
-    oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
-    oppo-off    OPPO with Δ = 0, streaming, length buckets and vectorized advantages off:
-                synchronous PPO through OPPO's machinery (what it costs with nothing to overlap)
-    oppo-padded OPPO with length buckets and vectorized advantages off (--oppo.train.*): OpenRLHF's
-                shuffled micro-batches and advantage loop, so its gain over OpenRLHF's modes is the
-                overlap alone
-    oppo-decode OPPO with carried groups decoding through training wherever the engines are (on a
-                host without CUDA `oppo` holds them from the batch to the weight sync)
-    oppo-fixed  OPPO with Δ fixed at delta.init (first B of B+Δ with a constant pool, as
-                other frameworks ship it): the adaptive Δ's baseline
-    oppo-intra  OPPO with Δ = 0: streaming only
-    oppo-inter  OPPO with streaming off: carry-over only (each response scored once, at its end)
+                async admission and carry-over with the weight sync in the background
+                (--oppo.staleness.background_sync), no streaming: the reward model may share the
+                DeepSpeed models' GPUs, as in OpenRLHF's async layout. The default where vLLM has
+                GPUs of its own
 
 OPPO schedules run `python -m openrlhf_oppo.cli.train_ppo_ray` (OpenRLHF's entry point
 plus OPPO's touch points) with the YAML's `oppo:` section and the schedule's
-`oppo` overrides as `--oppo.*` flags.
+`oppo` overrides as `--oppo.*` flags. Other tools may add schedules with `register`
+(the lab adds its ablations so); `--schedule` then accepts them too.
 """
 
 from __future__ import annotations
@@ -81,46 +73,51 @@ SCHEDULES: dict[str, Schedule] = {
             {"train.async_enable": True, "rollout.vllm_generate_batch_size": _oversampled_batch},
         ),
         Schedule("oppo", "OPPO intra- and inter-step overlap", entry_module=OPPO_ENTRY, oppo={}),
-        Schedule("oppo-decode", "OPPO with carried groups decoding while the trainer trains, also where they share "
-                 "its devices (--oppo.staleness.carried_in_training decode; on a CPU host 'oppo' holds them)",
-                 entry_module=OPPO_ENTRY, oppo={"staleness": {"carried_in_training": "decode"}}),
-        Schedule("oppo-ref", "OPPO with the reference streamed too (streaming reference actors replace "
-                 "OpenRLHF's reference forward)", entry_module=OPPO_ENTRY, oppo={"streaming": {"reference": True}}),
         Schedule("oppo-async", f"OPPO with async admission (max_policy_lag {ASYNC_POLICY_LAG}): the next B+Δ decode "
                  "while the trainer trains", entry_module=OPPO_ENTRY,
                  oppo={"staleness": {"max_policy_lag": ASYNC_POLICY_LAG}}),
-        Schedule("oppo-async-inter", f"OPPO with async admission (max_policy_lag {ASYNC_POLICY_LAG}) and carry-over, "
-                 "no streaming: the reward model can share the DeepSpeed models' GPUs", entry_module=OPPO_ENTRY,
-                 oppo={"staleness": {"max_policy_lag": ASYNC_POLICY_LAG}, "streaming": {"enable": False}}),
-        Schedule("oppo-async-bg", "oppo-async-inter with the weight sync in the background: the trainer waits for "
-                 "the gather only", entry_module=OPPO_ENTRY,
+        Schedule("oppo-async-bg", "OPPO with async admission and carry-over, no streaming, and the weight sync in "
+                 "the background: the trainer waits for the gather only", entry_module=OPPO_ENTRY,
                  oppo={"staleness": {"max_policy_lag": ASYNC_POLICY_LAG, "background_sync": True},
                        "streaming": {"enable": False}}),
-        Schedule("oppo-eq4", "OPPO with the paper's eq. 4 Δ rule (reward slope)", entry_module=OPPO_ENTRY,
-                 oppo={"delta": {"rule": "eq4"}}),
-        Schedule("oppo-off", "OPPO with Δ = 0, streaming, length buckets and vectorized advantages off: its machinery, "
-                 "nothing to overlap",
-                 entry_module=OPPO_ENTRY, oppo={"delta": {"enable": False}, "streaming": {"enable": False},
-                                                "train": {"length_buckets": False, "vectorized_advantages": False}}),
-        Schedule("oppo-padded", "OPPO with OpenRLHF's micro-batches and advantage loop: the overlap alone",
-                 entry_module=OPPO_ENTRY, oppo={"train": {"length_buckets": False, "vectorized_advantages": False}}),
-        Schedule("oppo-fixed", "OPPO with a fixed Δ = delta.init (first B of B+Δ, as a saturated pool)",
-                 entry_module=OPPO_ENTRY, oppo={"delta": {"adaptive": False}}),
-        Schedule("oppo-intra", "OPPO intra-step streaming only (Δ = 0)", entry_module=OPPO_ENTRY,
-                 oppo={"delta": {"enable": False}}),
-        Schedule("oppo-inter", "OPPO inter-step carry-over only (no streaming)", entry_module=OPPO_ENTRY,
-                 oppo={"streaming": {"enable": False}}),
     )
 }
 
 
+REGISTERED: dict[str, Schedule] = {}
+"""Schedules added by `register` beyond the product's (the lab's ablations)."""
+
+
+def register(*schedules: Schedule) -> None:
+    """Offer `schedules` beside SCHEDULES to `check` and everything that resolves a name through it
+    (`openrlhf-oppo train`, `bench schedules`, the simulator). All or nothing: a name already offered
+    for another schedule is a ValueError and nothing is added."""
+    offered = all_schedules()
+    taken = [s.name for s in schedules if offered.get(s.name, s) != s]  # the same row again is no change
+    if taken:
+        raise ValueError(f"schedule names already offered: {', '.join(taken)}")
+    REGISTERED.update({s.name: s for s in schedules})
+
+
+def all_schedules() -> dict[str, Schedule]:
+    """SCHEDULES and the registered ones, in that order."""
+    return {**SCHEDULES, **REGISTERED}
+
+
+def is_oppo(name: str) -> bool:
+    """Whether `name` is one of OPPO's schedules (a known name with an `oppo:` section)."""
+    schedule = all_schedules().get(name)
+    return schedule is not None and schedule.oppo is not None
+
+
 def check(name: str) -> Schedule:
     """The schedule called `name`; ValueError naming the allowed ones otherwise."""
-    schedule = SCHEDULES.get(name)
+    offered = all_schedules()
+    schedule = offered.get(name)
     if schedule is None:
-        raise ValueError(f"--schedule: unknown schedule '{name}'; allowed: {', '.join(SCHEDULES)}")
+        raise ValueError(f"--schedule: unknown schedule '{name}'; allowed: {', '.join(offered)}")
     if not schedule.available:
-        available = ", ".join(n for n, s in SCHEDULES.items() if s.available)
+        available = ", ".join(n for n, s in offered.items() if s.available)
         raise ValueError(f"--schedule {name}: not yet available in this version; available now: {available}")
     return schedule
 

@@ -14,12 +14,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from openrlhf_oppo.integrations.launch.schedules import SCHEDULES
+from openrlhf_oppo.integrations.launch.schedules import all_schedules
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="openrlhf-oppo train", description=__doc__.splitlines()[0])
-    p.add_argument("--schedule", required=True, help=f"one of: {', '.join(SCHEDULES)}")
+    p.add_argument("--schedule", required=True,
+                   help=f"one of: {', '.join(all_schedules())} (docs/quickstart.md says which to choose)")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/tiny-cpu.yaml")
     p.add_argument("--assets", default=None,
                    help="task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")

@@ -1,9 +1,9 @@
 """The schedules, each a driver of the simulated cluster (`openrlhf_oppo.sim.world`).
 
 OpenRLHF's own modes (`sync`, `async`, `partial`, `oversample`, in `drivers.openrlhf`) are
-modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-async`, `oppo-async-inter`,
-`oppo-async-bg`, `oppo-eq4`, `oppo-fixed`, `oppo-intra`, `oppo-inter`, `oppo-padded`, in `drivers.oppo`) are
-driven by the real `OverlapScheduler`. `simulate` runs one schedule; `summarize` measures a run.
+modelled after OpenRLHF 0.11.2's control flow. OPPO's (`oppo`, `oppo-async`, `oppo-async-bg`, and any
+registered beside them with `integrations.launch.schedules.register`, in `drivers.oppo`) are driven by
+the real `OverlapScheduler`. `simulate` runs one schedule; `summarize` measures a run.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 
 from openrlhf_oppo.core.types import LAG_BUCKETS
+from openrlhf_oppo.integrations.launch.schedules import all_schedules, is_oppo
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.drivers.openrlhf import AsyncDriver, SyncDriver
 from openrlhf_oppo.sim.drivers.oppo import OppoDriver, OppoRunResult
@@ -18,9 +19,15 @@ from openrlhf_oppo.sim.presets import SimConfig
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 
 BASELINES = ("sync", "async", "partial", "oversample")
-OPPO_SCHEDULES = ("oppo-fixed", "oppo-intra", "oppo-inter", "oppo", "oppo-padded", "oppo-async", "oppo-async-inter",
-                  "oppo-async-bg", "oppo-eq4")
-SCHEDULE_NAMES = BASELINES + OPPO_SCHEDULES
+
+
+def oppo_schedules() -> tuple[str, ...]:
+    """OPPO's schedules the simulator can run: the product's and any registered beside them."""
+    return tuple(name for name in all_schedules() if is_oppo(name))
+
+
+def schedule_names() -> tuple[str, ...]:
+    return BASELINES + oppo_schedules()
 
 
 def simulate(cfg: SimConfig, costs: CostModel, schedule: str, seed: int) -> RunResult:
@@ -31,9 +38,9 @@ def simulate(cfg: SimConfig, costs: CostModel, schedule: str, seed: int) -> RunR
         b = cfg.workload.batch_groups  # oversample: --rollout.vllm_generate_batch_size 2B
         return AsyncDriver(cfg, costs, seed, partial=schedule == "partial",
                            prompts_per_call=2 * b if schedule == "oversample" else b, name=schedule).run()
-    if schedule in OPPO_SCHEDULES:
+    if is_oppo(schedule):
         return OppoDriver(cfg, costs, seed, schedule).run()
-    raise ValueError(f"--schedules: unknown schedule '{schedule}'; allowed: {', '.join(SCHEDULE_NAMES)}")
+    raise ValueError(f"--schedules: unknown schedule '{schedule}'; allowed: {', '.join(schedule_names())}")
 
 
 def step_latencies_s(result: RunResult, warmup_steps: int) -> list[float]:
@@ -80,8 +87,8 @@ def _covered(intervals: list[tuple[float, float]], t0: float, t1: float) -> floa
 
 __all__ = [
     "BASELINES",
-    "OPPO_SCHEDULES",
-    "SCHEDULE_NAMES",
+    "oppo_schedules",
+    "schedule_names",
     "AsyncDriver",
     "OppoDriver",
     "OppoRunResult",

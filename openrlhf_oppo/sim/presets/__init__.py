@@ -259,6 +259,9 @@ def load_preset(name: str, sets: list[str] | tuple[str, ...] = ()) -> SimConfig:
                              "(or a path to a YAML file)")
     raw = _yaml(path)
     raw.setdefault("name", path.stem)
+    lengths = raw.get("lengths")
+    if isinstance(lengths, dict) and lengths.get("path") and not Path(lengths["path"]).is_absolute():
+        lengths["path"] = str(path.parent / lengths["path"])  # a preset's own files sit beside it
     given: dict[str, None] = {}  # OPPO keys, in order
     for item in sets:
         key, value = parse_set(item)

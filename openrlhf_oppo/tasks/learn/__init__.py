@@ -13,9 +13,10 @@ from.
     answer   "dog blue cat red"            (the `label` in prompts.jsonl)
     response " dog blue cat red<|eos|>"    (what SFT teaches; `exact_match` checks it)
 
-Built by `build` (also `openrlhf-oppo prepare --variant learn`, and on first use by a
-run config with `task: {variant: learn}`), with OpenRLHF's own trainers run as
-subprocesses through the CPU compat layer:
+Built by the lab (`python -m oppo_lab build-learn`, in a checkout of the repository), with
+OpenRLHF's own trainers run as subprocesses through the CPU compat layer; the `learn-longtail`
+build ships in the package, and `build` installs it (`openrlhf-oppo prepare --variant
+learn-longtail`, or on first use by a run config with `task: {variant: learn-longtail}`):
 
     tokenizer/        byte-level BPE (every word of the vocabulary is one token)
     init_actor/       randomly initialised Qwen2ForCausalLM, SFT's starting point
@@ -40,7 +41,7 @@ Trainer precision (`LearnSpec.train_dtype`): OpenRLHF 0.11.2's trainers accept
 `--ds.param_dtype` bf16 or fp16 only. On a CPU without AVX512-BF16 / AMX (the 2-core
 development machine has neither) bf16 matmuls are emulated: a forward + backward of the
 actor took 7-11x as long as in fp32, and a whole OpenRLHF SFT step 2-3x. By default the
-trainers therefore run with fp32 parameters (`trainers.fp32_trainer_main`: the
+trainers therefore run with fp32 parameters (`oppo_lab.learn.trainers.fp32_trainer_main`: the
 same trainers, with train_rm's batches also grouped by length); `train_dtype="bf16"` runs
 them exactly as OpenRLHF ships them. The saved models are fp32; PPO loads them in bf16, and
 `build` measures them in bf16 as PPO runs them.
@@ -48,12 +49,11 @@ them exactly as OpenRLHF ships them. The saved models are fp32; PPO loads them i
 Modules, lowest first (each imports only those above it in this list, never this package):
 
     task        the task: words, length laws, checker, mistakes, records made without a model
+    tokenizer   the task's tokenizer (one token a word)
     assets      ASSET_VERSION, LearnSpec, LearnAssets, JSONL I/O, the splits (`write_data`)
-    trainers    OpenRLHF's train_sft / train_rm as subprocesses (fp32 entry point, batch order)
     evaluation  scoring and sampling models; a policy's figures, the SFT baseline, held-out actors
-    summary     the build's stage timer, its measurements (`measure`) and their table
-    shipped     the builds shipped in the package (`install`, `ship`): every machine trains the same models
-    builder     `build`: the shipped build of the spec, or the stages in order, from data to BUILD_OK
+    rollouts    a run's rollouts.jsonl read back: trained samples, lengths, exact match
+    shipped     the builds shipped in the package (`install`, `build`): every machine trains the same models
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from openrlhf_oppo.tasks.learn.assets import (
     write_data,
     write_jsonl,
 )
-from openrlhf_oppo.tasks.learn.builder import build, build_tokenizer, init_actor, policy_pairs, write_rm_train
+from openrlhf_oppo.tasks.learn.shipped import build
 from openrlhf_oppo.tasks.learn.task import (
     ARROW,
     MISTAKES,
@@ -89,11 +89,11 @@ from openrlhf_oppo.tasks.learn.task import (
     prompt_records,
     sft_records,
 )
+from openrlhf_oppo.tasks.learn.tokenizer import build_tokenizer
 
 __all__ = [
     "ARROW", "ASSET_VERSION", "DEFAULT_ASSETS_DIR", "MISTAKES", "OP", "RESPONSE_CAP", "TRAIN_DTYPES", "VARIANTS",
     "WORDS", "LearnAssets", "LearnSpec", "LengthLaw", "answer", "answer_words", "build", "build_marker",
-    "build_tokenizer", "default_root", "exact_match", "init_actor", "make_prompt", "mistake", "parse_prompt",
-    "policy_pairs", "preference_pairs", "prompt_records", "read_jsonl", "sft_records", "write_data", "write_jsonl",
-    "write_rm_train",
+    "build_tokenizer", "default_root", "exact_match", "make_prompt", "mistake", "parse_prompt",
+    "preference_pairs", "prompt_records", "read_jsonl", "sft_records", "write_data", "write_jsonl",
 ]

@@ -2,42 +2,33 @@
 each): what a run needs of a build (tokenizer, SFT policy, reward model, RL prompts, the SFT
 policy's baseline, the build's summary and BUILD_OK), so that every machine trains from the
 same models. A build is not reproducible across machines: float reductions differ with the
-CPU's kernels, and 300+ optimizer steps amplify the difference (the same spec gave held-out
-reward-model accuracy 0.81, 0.84 and 0.89 on three machines of one kind).
+CPU's kernels and 300+ optimizer steps amplify the difference.
 
 `build` installs the shipped copy (`install`, seconds) when its BUILD_OK matches the
-variant's spec, and builds from scratch otherwise or with `force` (`openrlhf-oppo prepare
---force`). `ship` copies a fresh build here (`python -m openrlhf_oppo.tasks.learn.shipped
-VARIANT DIR`); `tests/tasks/test_learn_shipped.py` checks a rebuild against the shipped
-summary within `TOLERANCES`."""
+variant's spec. Building a spec from scratch, and shipping a fresh build here, is the lab's
+work (`python -m oppo_lab build-learn`, in a checkout of the repository)."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
-from openrlhf_oppo.tasks.learn.assets import VARIANTS, LearnAssets, LearnSpec, build_marker, write_data
+from openrlhf_oppo.tasks.learn.assets import (
+    DEFAULT_ASSETS_DIR,
+    VARIANTS,
+    LearnAssets,
+    LearnSpec,
+    write_data,
+)
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 SHIPPED_VARIANTS = ("learn-longtail",)
-"""Variants with a shipped build. `learn` is built on first use (~7 min)."""
+"""Variants with a shipped build. `learn` is built by the lab (`python -m oppo_lab build-learn`)."""
 SHIPPED = ("BUILD_OK", "summary.json", "data/sft_baseline.jsonl", "tokenizer", "actor", "reward")
 """What is shipped of a build; the model-free splits (`write_data`: SFT records, held-out
 pairs, RL prompts) are written again on install, all but the reward model's training pairs."""
 
-TOLERANCES = {
-    "rm_heldout_accuracy": 0.06,
-    "sft_policy.exact_match": 0.06,
-    "sft_policy.response_tokens.at_cap": 0.03,
-    "sft_loss_last": 0.15,
-    "rm_train_pairs": 0.02,  # relative: the SFT policy's wrong samples vary with the policy
-}
-"""How far a rebuild may land from the shipped summary (absolute, `rm_train_pairs` relative):
-about the spread of builds of one spec measured across machines and seeds (docs/convergence.md)."""
-
-
-def _copy(source: Path, target: Path, names: tuple[str, ...]) -> None:
+def copy_build(source: Path, target: Path, names: tuple[str, ...]) -> None:
     """Copy files and directories `names` from `source` to `target` (a directory's checkpoint
     leftovers stay behind)."""
     for name in names:
@@ -67,10 +58,10 @@ def install(assets: LearnAssets, spec: LearnSpec, log=print) -> bool:
     if source is None:
         return False
     log(f"learn: installing the shipped {variant_of(spec)} build into {assets.root} (its measurements: "
-        f"summary.json there; `prepare --force` rebuilds it)")
+        f"summary.json there)")
     assets.root.mkdir(parents=True, exist_ok=True)
     (assets.root / "BUILD_OK").unlink(missing_ok=True)
-    _copy(source.root, assets.root, SHIPPED[1:])
+    copy_build(source.root, assets.root, SHIPPED[1:])
     from transformers import AutoTokenizer
 
     write_data(assets, spec, AutoTokenizer.from_pretrained(assets.tokenizer).eos_token, rm_training_pairs=False)
@@ -78,18 +69,18 @@ def install(assets: LearnAssets, spec: LearnSpec, log=print) -> bool:
     return True
 
 
-def ship(variant: str, built: Path | str) -> Path:
-    """Copy a finished build of `variant` (at `built`) into the package as its shipped build."""
-    source, spec = LearnAssets(Path(built).expanduser()), VARIANTS[variant]
-    if not source.is_built(spec):
-        raise ValueError(f"{source.root}: not a finished build of {variant} ({build_marker(spec)[:40]}...)")
-    target = SHIPPED_DIR / variant
-    shutil.rmtree(target, ignore_errors=True)
-    _copy(source.root, target, SHIPPED)
-    return target
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in VARIANTS:
-        sys.exit(f"usage: python -m openrlhf_oppo.tasks.learn.shipped {{{','.join(VARIANTS)}}} BUILT_DIR")
-    print(ship(sys.argv[1], sys.argv[2]))
+def build(root: Path | str | None = None, spec: LearnSpec = VARIANTS["learn"], force: bool = False,
+          log=print) -> LearnAssets:
+    """The assets of `spec` under `root` (default ~/.cache/openrlhf_oppo/learn): as they are when
+    already built with this spec (unless `force`), else the package's shipped build of it.
+    A spec with no shipped build is built from scratch by the lab (`python -m oppo_lab build-learn`):
+    ValueError naming that command otherwise."""
+    assets = LearnAssets(Path(root).expanduser() if root else DEFAULT_ASSETS_DIR)
+    if assets.is_built(spec) and not force:
+        return assets
+    if install(assets, spec, log):
+        return assets
+    name = variant_of(spec) or "learn"
+    raise ValueError(f"task.variant {name}: no build of it in {assets.root} and none shipped in the package; build it "
+                     f"with `python -m oppo_lab build-learn --variant {name} --assets {assets.root}` (a checkout of "
+                     f"the repository), or use a shipped variant: {', '.join(SHIPPED_VARIANTS)}")
