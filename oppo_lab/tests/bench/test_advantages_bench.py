@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.bench import advantages as bench
-from openrlhf_oppo.cli.bench import main as bench_main
+from oppo_lab import advantages_bench as bench
+from oppo_lab.__main__ import main as lab_main
 
 
 @pytest.mark.parametrize("estimator", ["gae", "reinforce"])
 def test_prints_a_row_per_shape_with_both_timings_and_their_ratio(capsys, monkeypatch, estimator):
     monkeypatch.setattr(bench, "SHAPES", ((2, 64), (1, 300)))
-    assert bench_main(["advantages", "--repeats", "1", "--estimator", estimator]) == 0
+    assert lab_main(["advantages", "--repeats", "1", "--estimator", estimator]) == 0
     lines = capsys.readouterr().out.splitlines()  # DeepSpeed's first import may print a line before
     head = [i for i, line in enumerate(lines) if line.startswith(f"{estimator}: OpenRLHF 0.11.2's loop against")]
     assert len(head) == 1

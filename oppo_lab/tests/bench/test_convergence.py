@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_oppo.bench import convergence
 from openrlhf_oppo.bench.schedules import STEP_TAG
 from openrlhf_oppo.tasks import learn
+from oppo_lab import convergence
 from oppo_lab.convergence import cli, final_eval
 
 T0 = 1000.0  # time.time() of the first driver `generate` span of every synthetic run
@@ -276,8 +276,8 @@ def test_length_ks_per_step_pooled_over_seeds(tmp_path, text):
 
 
 def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, capsys, monkeypatch):
-    from openrlhf_oppo.cli import bench
     from openrlhf_oppo.integrations.launch import train_run as train
+    from oppo_lab.__main__ import main as lab_main
 
     monkeypatch.setattr(train, "run", lambda argv: pytest.fail("--report-only ran a run"))
     assets = learn.LearnAssets(tmp_path / "assets")
@@ -290,7 +290,7 @@ def test_report_only_writes_json_table_and_pngs(tmp_path, tokenizer_dir, text, c
     write_all(out, text)
     argv = ["convergence", "--report-only", "--seeds", "2", "--schedules", "sync", "oppo", "--output", str(out),
             "--tokenizer", str(tokenizer_dir), "--window", "3"]
-    assert bench.main(argv) == 0
+    assert lab_main(argv) == 0
     printed = capsys.readouterr().out
     assert "threshold: 0.7500" in printed and "time-to-reward" in printed
     oppo_line = next(line for line in printed.splitlines() if line.startswith("oppo "))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.bench import convergence
+from oppo_lab import convergence
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.bench import convergence
+from oppo_lab import convergence
 from oppo_lab.convergence.numbers import permutation_p
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from openrlhf_oppo.bench import engine as bench
+from oppo_lab import engine_bench as bench
 
 
 @pytest.mark.e2e  # a real vLLM engine (CPU build) on the tiny task's actor, in a process of its own

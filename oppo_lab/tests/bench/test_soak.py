@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from openrlhf_oppo.bench import soak
+from oppo_lab import soak
 
 
 def _rows():

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from openrlhf_oppo.sim import calibrate, drivers
 from openrlhf_oppo.sim import costs as cost_model
+from openrlhf_oppo.sim import drivers
 from openrlhf_oppo.sim.presets import load_preset
+from oppo_lab.sim import calibrate
 
 PROMPT = 8
 DECODE_S, PER_SEQ_S = 0.004, 0.001  # seconds per token = 0.004 + 0.001 x responses decoding at once

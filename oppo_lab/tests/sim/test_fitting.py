@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.sim import fitting
+from oppo_lab.sim import fitting
 
 STEP_S, PER_SEQ_S, DECODE_SLOW = 0.004, 0.001, 2.5  # an iteration: (0.004 + 0.001 b) x 2.5 beside training
 SCORING = 1.3  # ... x 1.3 beside a streaming scorer's prefill (the trainer idle)

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from openrlhf_oppo.sim import calibrate, drivers
 from openrlhf_oppo.sim import costs as cost_model
+from openrlhf_oppo.sim import drivers
 from openrlhf_oppo.sim.drivers.oppo import OppoDriver
 from openrlhf_oppo.sim.presets import load_preset
 from openrlhf_oppo.sim.world import World
+from oppo_lab.sim import calibrate
 
 PROMPT = 8  # cpu-longtail's prompt tokens; micro-batches of 4
 

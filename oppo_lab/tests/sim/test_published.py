@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from openrlhf_oppo.sim import costs as cost_model
-from openrlhf_oppo.sim import drivers, published
+from openrlhf_oppo.sim import drivers
 from openrlhf_oppo.sim.world import RunResult, StepRecord
-from oppo_lab.sim import PRESET_DIR, load_preset
+from oppo_lab.sim import PRESET_DIR, load_preset, published
 
 PUBLISHED = ("published-verl-qwen2-7b-gsm8k", "published-verl-deepseek-7b-ppo", "published-openrlhf-llama2-7b",
              "published-verl-dapo-7b-32xh20", "published-verl-dapo-7b-16xh20")

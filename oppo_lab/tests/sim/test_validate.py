@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from openrlhf_oppo.sim import validate
+from oppo_lab.sim import validate
 
 
 def test_a_schedule_off_by_more_than_the_tolerance_is_a_miss():
@@ -93,7 +93,7 @@ def test_the_shipped_cpu_preset_is_calibrated_on_every_modes_runs():
 def test_leave_one_out_calibrates_without_the_held_out_schedules_runs(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from openrlhf_oppo.sim import calibrate
+    from oppo_lab.sim import calibrate
 
     runs = {Path(f"/r/{s}-{k}"): {"steps": 16} for s in ("sync", "oppo", "async") for k in (0, 1)}
     calibrated, replays, priors = [], [], set()
