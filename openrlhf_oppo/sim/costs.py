@@ -250,7 +250,7 @@ def _roofline(cfg: SimConfig) -> CostModel:
 def _prefill_terms(cfg: SimConfig, model: ModelShape, tp: int, scorer: bool = True) -> dict:
     """A streaming actor's prefill of `model` over `tp` devices (`scorer`; else a vLLM engine's): its
     memory floor, 2 N flops a new token and 4 L d a query-key pair, the scorer's attention at its own
-    utilisation (measured: docs/benchmarks.md, "Streamed prefill on a GPU")."""
+    utilisation (measured: docs/evidence.md#streamed-prefill-cost)."""
     hw, e = cfg.hardware, cfg.efficiency
     flops = tp * hw.peak_bf16_flops
     attention = (e.attention_mfu or e.prefill_mfu) if scorer else e.prefill_mfu

@@ -96,9 +96,8 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
                          "--oppo.streaming.reference true streams into OpenRLHF's reference group, placed as "
                          "OpenRLHF places it")
     if cfg.streaming.experience_ahead:
-        raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate); built "
-                         "into runs once, it made steps slower on a CPU host and was not kept (docs/simulator.md, "
-                         "'Experience making ahead of the batch'); leave it false")
+        raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate), not "
+                         "a run's; leave it false")
     if cfg.staleness.background_sync:
         _check_background_sync(cfg, argv)
     if "reference" in cfg.streaming.scorers():

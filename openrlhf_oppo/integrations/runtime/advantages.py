@@ -3,7 +3,7 @@
 OpenRLHF 0.11.2's experience maker (`RemoteExperienceMaker.get_advantages_and_returns` and
 `get_cumulative_returns`) walks each micro-batch's response positions backwards in Python, a
 few tensor operations per position, in the trainer's process after the forwards and before the
-update: 16-19 µs a position on a 2-core host (`openrlhf-oppo bench advantages`), so a
+update: 16-19 µs a position on a 2-core host (`python -m oppo_lab advantages`), so a
 micro-batch padded to 16,384 tokens costs 0.27 s there, every step, while the training devices
 wait. Both are one recurrence, y_t = x_t + c * y_{t+1} with y_T = 0 (GAE: x the TD residuals,
 c = γλ; REINFORCE: x the masked rewards, c = γ); `discounted_reverse_cumsum` solves it in
