@@ -27,9 +27,11 @@ CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
 SYNC_BUFFERS = ("device", "host", "shards")  # staleness.background_sync_buffer
 CARRIED_IN_TRAINING = ("auto", "decode", "hold")  # staleness.carried_in_training
 # staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
-# beyond the seed spread (docs/convergence.md); TIS, OpenRLHF's token-level clip, is the conservative pick
+# beyond the seed spread (docs/evidence.md#time-to-reward-and-learning); TIS, OpenRLHF's token-level
+# clip, is the conservative pick
 AUTO_CORRECTION = "tis"
-# the async schedules' policy lag bound: on the learn task 2 learned as sync does, 3 and 4 did not (docs/convergence.md)
+# the async schedules' policy lag bound: on the learn task 2 learned as sync does, 3 and 4 did not
+# (docs/evidence.md#policy-lag)
 ASYNC_POLICY_LAG = 2
 REWARD_POOLING = ("last", "non_pad")  # streaming.reward_pooling: OpenRLHF's rule, transformers' rule
 
@@ -98,10 +100,18 @@ class ChunkConfig:
 
     def validate(self) -> None:
         _require(self.size_tokens >= 1, "chunk.size_tokens", "an integer >= 1", self.size_tokens)
-        _require(len(self.candidates) >= 1 and all(isinstance(c, int) and c >= 1 for c in self.candidates),
-                 "chunk.candidates", "a non-empty list of integers >= 1", self.candidates)
-        _require(len(set(self.candidates)) == len(self.candidates), "chunk.candidates", "free of duplicates",
-                 self.candidates)
+        _require(
+            len(self.candidates) >= 1 and all(isinstance(c, int) and c >= 1 for c in self.candidates),
+            "chunk.candidates",
+            "a non-empty list of integers >= 1",
+            self.candidates,
+        )
+        _require(
+            len(set(self.candidates)) == len(self.candidates),
+            "chunk.candidates",
+            "free of duplicates",
+            self.candidates,
+        )
         _require(self.trial_steps >= 1, "chunk.trial_steps", "an integer >= 1", self.trial_steps)
         round_steps = len(self.candidates) * self.trial_steps
         _require(
@@ -170,17 +180,41 @@ class StalenessConfig:
         self.validate()
 
     def validate(self) -> None:
-        _require(self.max_deferral_steps >= 1, "staleness.max_deferral_steps", "an integer >= 1",
-                 self.max_deferral_steps)
-        _require(isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0, "staleness.max_policy_lag",
-                 "an integer >= 0", self.max_policy_lag)
-        _require(self.correction in CORRECTIONS, "staleness.correction",
-                 "one of " + ", ".join(map(repr, CORRECTIONS)), self.correction)
-        allowed = ("auto", "decode", "hold") if self.max_policy_lag == 0 else ("auto", "decode")
-        _require(self.carried_in_training in allowed, "staleness.carried_in_training",
-                 "'auto', 'decode' or (lag 0) 'hold'", self.carried_in_training)
-        _require(self.background_sync_buffer in SYNC_BUFFERS, "staleness.background_sync_buffer",
-                 "one of " + ", ".join(map(repr, SYNC_BUFFERS)), self.background_sync_buffer)
+        _require(
+            self.max_deferral_steps >= 1,
+            "staleness.max_deferral_steps",
+            "an integer >= 1",
+            self.max_deferral_steps,
+        )
+        _require(
+            isinstance(self.max_policy_lag, int) and self.max_policy_lag >= 0,
+            "staleness.max_policy_lag",
+            "an integer >= 0",
+            self.max_policy_lag,
+        )
+        _require(
+            self.correction in CORRECTIONS,
+            "staleness.correction",
+            "one of " + ", ".join(map(repr, CORRECTIONS)),
+            self.correction,
+        )
+        if self.max_policy_lag == 0:
+            allowed = CARRIED_IN_TRAINING
+        else:
+            # async admission: the engines decode the next step's groups through training, nothing is held
+            allowed = ("auto", "decode")
+        _require(
+            self.carried_in_training in allowed,
+            "staleness.carried_in_training",
+            "'auto', 'decode' or (lag 0) 'hold'",
+            self.carried_in_training,
+        )
+        _require(
+            self.background_sync_buffer in SYNC_BUFFERS,
+            "staleness.background_sync_buffer",
+            "one of " + ", ".join(map(repr, SYNC_BUFFERS)),
+            self.background_sync_buffer,
+        )
 
     @property
     def resolved_correction(self) -> str:
@@ -244,13 +278,24 @@ class StreamingConfig:
 
     def validate(self) -> None:
         _require(self.kv_budget_tokens >= 0, "streaming.kv_budget_tokens", "an integer >= 0", self.kv_budget_tokens)
-        _require(self.reference or not self.reference_actors, "streaming.reference_actors",
-                 "false unless streaming.reference is true (the actors stream the reference)", self.reference_actors)
-        _require(not (self.experience_ahead and self.critic), "streaming.experience_ahead",
-                 "false with streaming.critic (both forward the values and old log-probs on the training devices)",
-                 self.experience_ahead)
-        _require(self.reward_pooling in REWARD_POOLING, "streaming.reward_pooling", f"one of {REWARD_POOLING}",
-                 self.reward_pooling)
+        _require(
+            self.reference or not self.reference_actors,
+            "streaming.reference_actors",
+            "false unless streaming.reference is true (the actors stream the reference)",
+            self.reference_actors,
+        )
+        _require(
+            not (self.experience_ahead and self.critic),
+            "streaming.experience_ahead",
+            "false with streaming.critic (both forward the values and old log-probs on the training devices)",
+            self.experience_ahead,
+        )
+        _require(
+            self.reward_pooling in REWARD_POOLING,
+            "streaming.reward_pooling",
+            f"one of {REWARD_POOLING}",
+            self.reward_pooling,
+        )
 
     def scorers(self) -> tuple[str, ...]:
         """Names of the scorers that receive chunks, in a fixed order."""
@@ -273,8 +318,7 @@ class MegatronConfig:
         "checkpoint. The critic, reference and reward models stay on DeepSpeed.",
     )
     tensor_parallel_size: int = _f(1, "Tensor-parallel size of the Megatron actor.")
-    pipeline_parallel_size: int = _f(
-        1, "Pipeline-parallel size of the Megatron actor (it must divide the layers).")
+    pipeline_parallel_size: int = _f(1, "Pipeline-parallel size of the Megatron actor (it must divide the layers).")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -299,16 +343,19 @@ class TrainConfig:
         "into experience making's micro-batches (the old log-prob, value, reference and reward forwards), so a "
         "long sample pads only beside other long ones; the loss is one mean over the step's tokens (OpenRLHF "
         "0.11.2) and each sample keeps its place for group baselines, so the gradient is unchanged. No effect "
-        "with --ds.packing_samples (training) or --train.dynamic_batch_enable.")
+        "with --ds.packing_samples (training) or --train.dynamic_batch_enable.",
+    )
     vectorized_advantages: bool = _f(
         True,
         "Compute GAE advantages and REINFORCE returns in whole-tensor operations in place of OpenRLHF 0.11.2's "
-        "Python loop over response positions (17 us a padded position of each make_experience micro-batch on a "
-        "2-core host, in the trainer's process while the training devices wait); the same values to float rounding.")
+        "Python loop over the response positions of each make_experience micro-batch, which runs in the "
+        "trainer's process while the training devices wait; the same values to float rounding.",
+    )
 
     def validate(self) -> None:
         for name in ("length_buckets", "vectorized_advantages"):
-            _require(isinstance(getattr(self, name), bool), f"train.{name}", "true or false", getattr(self, name))
+            value = getattr(self, name)
+            _require(isinstance(value, bool), f"train.{name}", "true or false", value)
 
 
 @dataclass(frozen=True)
@@ -319,8 +366,9 @@ class OppoConfig:
     chunk: ChunkConfig = field(default_factory=ChunkConfig, metadata={"help": "Chunk size C (intra-step overlap)."})
     staleness: StalenessConfig = field(default_factory=StalenessConfig, metadata={"help": "Deferral and off-policy."})
     streaming: StreamingConfig = field(default_factory=StreamingConfig, metadata={"help": "Streamed scorers."})
-    megatron: MegatronConfig = field(default_factory=MegatronConfig,
-                                     metadata={"help": "Megatron-Core training backend for the actor."})
+    megatron: MegatronConfig = field(
+        default_factory=MegatronConfig, metadata={"help": "Megatron-Core training backend for the actor."}
+    )
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Training micro-batches and advantages."})
 
     def __post_init__(self) -> None:
@@ -393,6 +441,20 @@ def field_help() -> dict[str, str]:
     return settings.field_help(OppoConfig)
 
 
-__all__ = ["ChunkConfig", "DeltaConfig", "MegatronConfig", "OppoConfig", "StalenessConfig", "StreamingConfig",
-           "TrainConfig", "add_cli_flags", "field_help", "flags_markdown", "from_cli", "from_dict", "load_yaml",
-           "to_cli_args", "to_dict"]
+__all__ = [
+    "ChunkConfig",
+    "DeltaConfig",
+    "MegatronConfig",
+    "OppoConfig",
+    "StalenessConfig",
+    "StreamingConfig",
+    "TrainConfig",
+    "add_cli_flags",
+    "field_help",
+    "flags_markdown",
+    "from_cli",
+    "from_dict",
+    "load_yaml",
+    "to_cli_args",
+    "to_dict",
+]
