@@ -23,6 +23,10 @@ which makes every decision:
               engines sleep while the models train, and after the wake they decode on from
               their tokens (prompt + partial response re-prefilled, `oppo/reprefilled_tokens`)
 
+Which of these a run does is its `StepMode` (`step_mode`), resolved once by the trainer; the branches
+below read it. What one step leaves the next (a checkpoint load, parked samples, a step begun at the
+batch, the batch awaiting training) is one `StepState`, changed at the four events its methods name.
+
 The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators: the
 `EnginePool` (placement, starts, polls, aborts, pause/resume), the `Scorers` (chunks to the scorer
 actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics); `openrlhf_executor`
@@ -52,6 +56,7 @@ from openrlhf_oppo.integrations.runtime.reward_dispatch import Scorers
 from openrlhf_oppo.integrations.runtime.run_config import engine_text_needed, reward_mode
 from openrlhf_oppo.integrations.runtime.seeding import request_seed, write_rollouts
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+from openrlhf_oppo.integrations.runtime.step_mode import BegunStep, Phase, StepMode, StepState, TakenBatch
 from openrlhf_oppo.integrations.runtime.trace import RunLedger, write_trace
 
 log = get_logger(__name__)
@@ -60,14 +65,18 @@ NO_CHUNKS = 1 << 30  # wake threshold when nothing is streamed: only finished sa
 
 class OppoSamplesGenerator(SamplesGenerator):
     def __init__(self, strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines, *,
-                 oppo: oppo_config.OppoConfig, scheduler: OverlapScheduler, engines: EnginePool,
+                 oppo: oppo_config.OppoConfig, mode: StepMode, scheduler: OverlapScheduler, engines: EnginePool,
                  scorers: Scorers, meter: StepMeter):
-        """`engines` decode `vllm_engines`; `scorers` stream into OpenRLHF's reward / reference groups."""
+        """OpenRLHF's generator arguments, then OPPO's: its config `oppo` and the run's step `mode` (both
+        resolved by the trainer), the scheduler core, the `engines` that decode `vllm_engines`, the
+        `scorers` that stream into OpenRLHF's reward / reference groups, and the `meter` of `oppo/*`
+        metrics."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         self.oppo = oppo
-        self.reward_mode = reward_mode(self.args, oppo)
+        self.mode = mode
         # "stream": OPPO's reward actors prefill chunks and supply the rewards; "rule": the engines score each
         # sample with --reward.remote_url the moment it finishes; "batch": OpenRLHF's reward forward.
+        self.reward_mode = reward_mode(self.args, oppo)
         self.record_logprobs = self.args.algo.advantage.is_correction_level != "off"  # recorded only when used
         self.detokenize = engine_text_needed(self.args)  # vLLM's text: read by an agent only
         self.scheduler = scheduler
@@ -80,110 +89,139 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.sampling_params = None  # vLLM SamplingParams, set by each step's admission
         self.prompts = GroupPrompts(PromptStream(prompts_dataloader), tokenizer, self.reward_mode == "rule")
         self.step = 0  # == policy version: weight syncs done so far
-        self.needs_restart = False  # after a checkpoint load: engines and scorers hold nothing
-        self.open_batch: TrainBatch | None = None  # taken, awaiting finish_step
-        self.batch_order: list[int] | None = None  # its sample ids in the order its experiences were handed over
-        self.trace_path, self.ledger = run_env.path(run_env.TRACE_JSONL), RunLedger()
+        self.state = StepState()  # what the next step starts from, and the batch awaiting training
+        self.trace_path = run_env.path(run_env.TRACE_JSONL)
+        self.ledger = RunLedger()
         self.step_admitted: list[list] = []  # [group id, prompt index, prompt hash] admitted since the last step event
-        self.async_admission = oppo.staleness.max_policy_lag >= 1
-        self.background_sync = oppo.staleness.background_sync  # the launcher allows it with async admission only
-        self.sleep_mode = bool(self.args.vllm.enable_sleep)  # OpenRLHF ignores it without --train.colocate_all
-        self.hold = oppo.staleness.carried_in_training == "hold"  # 'auto' resolved by the trainer's layout
-        self.parked = False  # sleep mode: the carried samples were stopped at the last batch, to decode on
-        self.early: tuple[StepPlan, int] | None = None  # async: the next step's plan and pass end, begun at the batch
-        self.report: StepReport | None = None  # async: the open step's report, made when its batch was taken
-        # async: the last trained batch's mean reward, what eq4/alg1 see when a step ends before training (None
-        # before the first: they wait); and when the open step's groups were admitted
-        self.last_mean_reward, self.admitted_s = None, 0.0
+        # async admission: the last trained batch's mean reward, what eq4/alg1 see when a step ends before
+        # training (None before the first: they wait)
+        self.last_mean_reward: float | None = None
+        self.admitted_s = 0.0  # async admission: when the open step's groups were admitted (the meter's clock)
         self.reference_logprobs: dict[tuple[int, ...], torch.Tensor] = {}  # the open batch's, by tokens
 
     # ------------------------------------------------------------------ a step
 
     @torch.no_grad()
     def generate_samples(self, **generate_kwargs):
-        """Phases admit -> stream -> batch of one OPPO step; `finish_step` closes it once OpenRLHF has the rewards."""
-        if self.open_batch is not None:
-            raise RuntimeError("generate_samples called before finish_step closed the previous step")
+        """Phases admit -> stream -> batch of one OPPO step; `finish_step` closes it once OpenRLHF has the rewards.
+
+        Returns OpenRLHF's tuple: the batch's experiences, no prompt batch, the groups admitted, and whether
+        the batch held the pass's last groups (OpenRLHF's episode ends)."""
+        start = self.state
+        self.state = start.started()  # raises while the previous step's batch is open
         with timeline_hooks.generating():
-            out = self._generate_step(generate_kwargs)
-        if self.hold and self.open_batch is not None and self.scheduler.in_flight_groups:
-            self.engines.pause(self.oppo.staleness.keep_kv_cache)  # the carried decode on after the weight sync
+            out = self._generate_step(start, generate_kwargs)
+        carrying = bool(self.scheduler.in_flight_groups)
+        if self.state.taken is not None and self.mode.pauses_at_batch(carrying):
+            self.engines.pause(self.mode.keep_kv_cache)  # the carried decode on after the weight sync
         return out
 
-    def _generate_step(self, generate_kwargs):
+    def _generate_step(self, start: StepState, generate_kwargs):
+        """One step, from the state the last one left (`start`) to its batch."""
+        self._open_step()
+        # One pass over the prompts is one OpenRLHF episode: no prompt of the next pass is
+        # admitted before every prompt of this one is trained, and the step that trains the
+        # pass's last groups ends the episode (OpenRLHF's step count and LR schedule hold).
+        if start.phase is Phase.BEGUN:
+            started = start.begun  # begun as the last batch was taken: its groups are decoding
+            admitted = 0  # counted by the call that admitted them
+        elif start.phase is Phase.RESTORED and self._resumed_at_pass_end():
+            # resumed from the checkpoint of a pass's last step: that episode is over (OpenRLHF's own
+            # resumed dataloader is exhausted too); the next episode's call admits the next pass
+            return [], None, 0, True
+        else:
+            started = self._begin(self.step, generate_kwargs, start.phase)
+            admitted = len(started.plan.admit)
+        if self.scorers.streaming:
+            wake_tokens = started.plan.chunk_size_tokens
+        else:
+            wake_tokens = NO_CHUNKS
+        batch, generated = self._stream_until_batch(wake_tokens)
+        parked = False
+        if self.mode.sleeps_while_training:
+            parked_tokens, parked = self._park_and_sleep()
+            generated += parked_tokens
+        self.meter.end_generation(generated)
+        exhausted = self.scheduler.oldest_prompt_index >= started.pass_end  # the batch held the pass's last groups
+        experiences, sample_ids = self._build_experiences(batch, generate_kwargs)
+        report = None
+        next_step = None
+        if self.mode.admits_at_batch:
+            report, next_step = self._end_at_batch(exhausted, generate_kwargs)
+        if next_step is not None:
+            admitted += len(next_step.plan.admit)
+        taken = TakenBatch(batch, sample_ids, report)
+        self.state = self.state.batch_taken(self.mode, taken, parked=parked, begun=next_step)
+        return experiences, None, admitted, exhausted
+
+    def _open_step(self) -> None:
+        """The step's start on the meter, the engines and the scorers (and the ledger, after a (re)start)."""
         self.meter.start_step()
         self.engines.begin_step(self.step)
         self.scorers.begin_step(self.step)
-        if self.sleep_mode:  # asleep since the engines started or the last batch (or an evaluation)
+        if self.mode.sleeps_while_training:  # asleep since the engines started or the last batch (or an evaluation)
             self.engines.wake()
         if not self.ledger.started:  # after any checkpoint load: the run (re)starts here
             self.ledger.start(self.step - 1, list(self.scheduler.in_flight_groups), self.scheduler.next_prompt_index,
                               len(self.prompts_dataloader))
-        # One pass over the prompts is one OpenRLHF episode: no prompt of the next pass is
-        # admitted before every prompt of this one is trained, and the step that trains the
-        # pass's last groups ends the episode (OpenRLHF's step count and LR schedule hold).
+
+    def _resumed_at_pass_end(self) -> bool:
+        """Nothing is carried and the stream stands at a pass's start (past the first): the checkpoint was
+        written by the step that trained a pass's last groups."""
         position = self.scheduler.next_prompt_index
-        if self.early is not None:  # begun when the previous batch was taken: its groups are decoding
-            (plan, boundary), self.early = self.early, None
-            admitted = 0  # counted by the call that admitted them
-        elif self.needs_restart and not self.scheduler.in_flight_groups and position and position % self._per_pass == 0:
-            # resumed from the checkpoint of a pass's last step: that episode is over (OpenRLHF's own
-            # resumed dataloader is exhausted too); the next episode's call admits the next pass
-            self.needs_restart = False
-            return [], None, 0, True
-        else:
-            plan, boundary = self._begin(self.step, generate_kwargs)
-            admitted = len(plan.admit)
-        batch, generated = self._stream_until_batch(plan.chunk_size_tokens if self.scorers.streaming else NO_CHUNKS)
-        if self.sleep_mode:  # the models train on the engines' GPUs next
-            generated += self._park()
-            self.engines.sleep()
-        self.meter.end_generation(generated)
-        self.open_batch = batch
-        exhausted = self.scheduler.oldest_prompt_index >= boundary  # the batch held the pass's last groups
-        experiences = self._build_experiences(batch, generate_kwargs)
-        if self.async_admission:
-            # the step ends now (Δ sees the last reward known) and the next begins while the trainer
-            # trains; not across a pass's end: the next pass's prompts wait for OpenRLHF's next episode
-            self.report = self._adapt(self.last_mean_reward)
-            if not exhausted:
-                self.early = self._begin(self.step + 1, generate_kwargs)
-                admitted += len(self.early[0].admit)
-        return experiences, None, admitted, exhausted
+        if self.scheduler.in_flight_groups or position == 0:
+            return False
+        return position % self._per_pass == 0
 
     @property
     def _per_pass(self) -> int:
+        """Prompts in one pass: the length of OpenRLHF's prompt dataloader."""
         return len(self.prompts_dataloader)
 
-    def _begin(self, step: int, generate_kwargs) -> tuple[StepPlan, int]:
-        """Begin `step` in the scheduler, start its plan; returns it and the pass end (prompt index) it admits to."""
+    def _begin(self, step: int, generate_kwargs, phase: Phase) -> BegunStep:
+        """Begin `step` in the scheduler and start its plan, restarting what `phase` says the engines and
+        scorers lost; returns the plan with the pass end (prompt index) it admits up to."""
         per_pass = self._per_pass
-        boundary = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
-        plan = self.scheduler.begin_step(step, admit_until=boundary)
+        pass_end = (self.scheduler.oldest_prompt_index // per_pass + 1) * per_pass
+        plan = self.scheduler.begin_step(step, admit_until=pass_end)
         self.admitted_s = self.meter.clock()
-        self._admit(plan, generate_kwargs, step)
+        self._admit(plan, generate_kwargs, step, phase)
         self.scorers.dispatch(list(plan.restream))  # after a checkpoint load: re-score held tokens
-        return plan, boundary
+        return BegunStep(plan, pass_end)
+
+    def _end_at_batch(self, exhausted: bool, generate_kwargs) -> tuple[StepReport, BegunStep | None]:
+        """Async admission: the step ends as its batch is taken (Δ sees the last reward known) and the next
+        begins while the trainer trains; not across a pass's end (`exhausted`): the next pass's prompts wait
+        for OpenRLHF's next episode. Returns the step's report and the step begun, if any."""
+        report = self._adapt(self.last_mean_reward)
+        if exhausted:
+            return report, None
+        return report, self._begin(self.step + 1, generate_kwargs, Phase.READY)
 
     def finish_step(self, mean_reward: float) -> dict[str, float]:
         """Close the step with the trained batch's mean reward (feeds Δ); returns `oppo/*` metrics."""
-        batch, self.open_batch, self.batch_order = self.open_batch, None, None
-        report, self.report = self.report or self._adapt(mean_reward), None
+        taken = self.state.taken
+        self.state = self.state.finished()  # raises when no batch is open
+        if self.mode.admits_at_batch:
+            report = taken.report  # the step ended as its batch was taken
+        else:
+            report = self._adapt(mean_reward)
         self.last_mean_reward = mean_reward
         metrics = self.meter.metrics(report, self.step, self.scorers.restarts_this_step,
                                      self.engines.aborted_this_step, self.engines.take_paused_s())
-        self._finalize(batch, report)
+        self._finalize(taken.batch, report)
         self.step += 1
-        self.meter.show(report, mean_reward, [s.num_tokens for g in batch.groups for s in g.samples])
+        response_tokens = [s.num_tokens for g in taken.batch.groups for s in g.samples]
+        self.meter.show(report, mean_reward, response_tokens)
         return metrics
 
     # ------------------------------------------------------------------ admit
 
-    def _admit(self, plan: StepPlan, generate_kwargs, step: int) -> None:
-        """Start the plan's new groups (and, after a checkpoint load, the held ones): each sample on its engine
-        and, when streaming, opened on its reward actor."""
+    def _admit(self, plan: StepPlan, generate_kwargs, step: int, phase: Phase) -> None:
+        """Start the plan's new groups (and the carried ones the engines lost, by `phase`): each sample on its
+        engine and, when streaming, opened on its reward actor."""
         self.sampling_params = openrlhf_executor.sampling_params(generate_kwargs, self.record_logprobs,
-                                                                     self.detokenize)
+                                                                 self.detokenize)
         self.prompts.set_limits(self.sampling_params.max_tokens, generate_kwargs.get("max_len", 2048))
         starts: list[tuple[int, SampleRequest]] = []  # (group id, request)
         opens: dict[int, list[int]] = {}  # sample id -> prompt ids
@@ -195,35 +233,45 @@ class OppoSamplesGenerator(SamplesGenerator):
             for j, sid in enumerate(group.sample_ids):
                 opens[sid] = ids
                 starts.append((gid, self.prompts.request(gid, sid, j, [], self._seed(step, slot, prompt, j))))
-        if self.needs_restart or self.parked:
-            # after a checkpoint load engines and scorer actors hold nothing: reopen every held
-            # sample (`plan.restream` re-sends its tokens); after a sleep only the engines lost
-            # them. Either way the unfinished ones decode on after the tokens they had.
-            reopen, self.needs_restart, self.parked = self.needs_restart, False, False
-            for slot, gid in enumerate(plan.carried, start=len(plan.admit)):
-                prompt, _, ids = self.prompts.by_group[gid]
-                if reopen:
-                    self.engines.place(gid)
-                for j, sid in enumerate(self.scheduler.group_sample_ids(gid)):
-                    if reopen:
-                        opens[sid] = ids
-                    if not self.scheduler.is_finished(sid):  # a finished one has nothing to decode
-                        held = self.scheduler.held_tokens(sid)
-                        starts.append((gid, self.prompts.request(gid, sid, j, held, self._seed(step, slot, prompt, j))))
-                        self.meter.reprefilled_tokens += len(ids) + len(held)
+        if phase.engines_lost_carried:
+            self._restart_carried(plan, step, phase, starts, opens)
         self.scorers.open(opens)
         self.engines.start(starts, self.sampling_params)
         self.scorers.confirm_opened()
 
+    def _restart_carried(self, plan: StepPlan, step: int, phase: Phase, starts: list[tuple[int, SampleRequest]],
+                         opens: dict[int, list[int]]) -> None:
+        """Add to `starts` (and `opens`) the carried samples the engines (and scorers) lost.
+
+        After a checkpoint load the engines and scorer actors hold nothing: every held sample is reopened
+        (`plan.restream` re-sends its tokens); after a sleep only the engines lost them. Either way the
+        unfinished ones decode on after the tokens they had."""
+        reopen = phase.scorers_lost_carried
+        for slot, gid in enumerate(plan.carried, start=len(plan.admit)):
+            prompt, _, ids = self.prompts.by_group[gid]
+            if reopen:
+                self.engines.place(gid)
+            for j, sid in enumerate(self.scheduler.group_sample_ids(gid)):
+                if reopen:
+                    opens[sid] = ids
+                if self.scheduler.is_finished(sid):  # a finished one has nothing to decode
+                    continue
+                held = self.scheduler.held_tokens(sid)
+                starts.append((gid, self.prompts.request(gid, sid, j, held, self._seed(step, slot, prompt, j))))
+                self.meter.reprefilled_tokens += len(ids) + len(held)
+
     def _seed(self, step: int, slot: int, prompt: str, sample_index: int) -> int | None:
         """vLLM seed of a request (`--train.full_determinism_enable`) as OpenRLHF seeds its own; None: engine RNG."""
-        full = self.args.train.full_determinism_enable
-        return request_seed(self.args.train.seed, step, slot, prompt, sample_index) if full else None
+        if not self.args.train.full_determinism_enable:
+            return None
+        return request_seed(self.args.train.seed, step, slot, prompt, sample_index)
 
     # ------------------------------------------------------------------ generate + stream
 
     def _stream_until_batch(self, wake_tokens: int) -> tuple[TrainBatch, int]:
-        """Deltas to the scheduler, its chunks to the scorers, until a batch; returns it and the tokens decoded."""
+        """Feed the engines' deltas to the scheduler and its chunks to the scorers until the scheduler hands
+        over a batch; returns the batch and the tokens decoded meanwhile. `wake_tokens`: an engine's poll
+        returns once it holds that many undelivered tokens (or a finished sample)."""
         generated = 0
         batch = self.scheduler.take_batch()
         while batch is None:
@@ -262,6 +310,8 @@ class OppoSamplesGenerator(SamplesGenerator):
         return chunks
 
     def _on_finished(self, d: SampleDelta) -> list:
+        """A sample finished (not aborted): meter it, keep its rule reward, and tell the core; returns the
+        chunks that became ready (its last one)."""
         self.meter.on_finished(d.sample_id, d.time_s)
         if self.reward_mode == "rule":
             if d.reward is None:
@@ -271,49 +321,59 @@ class OppoSamplesGenerator(SamplesGenerator):
         return self.scheduler.on_finished(d.sample_id, d.finish_reason)
 
     def _restart_aborted(self, aborted: list[SampleDelta]) -> None:
+        """Start every aborted sample again on its engine, from the tokens it holds (a vLLM abort or a failed
+        engine is not an answer). Unseeded: a failure is not part of a reproducible run."""
         restarts = []
-        for d in aborted:  # unseeded: a failure is not part of a reproducible run
-            gid, held = self.scheduler.group_of(d.sample_id), self.scheduler.held_tokens(d.sample_id)
+        for d in aborted:
+            gid = self.scheduler.group_of(d.sample_id)
+            held = self.scheduler.held_tokens(d.sample_id)
             j = self.scheduler.group_sample_ids(gid).index(d.sample_id)
-            restarts.append((d, gid, req := self.prompts.request(gid, d.sample_id, j, held, None)))
-            self.meter.reprefilled_tokens += len(req.prompt_ids) + len(held)
+            request = self.prompts.request(gid, d.sample_id, j, held, None)
+            restarts.append((d, gid, request))
+            self.meter.reprefilled_tokens += len(request.prompt_ids) + len(held)
         self.engines.restart_aborted(restarts, self.sampling_params)
 
-    def _park(self) -> int:
-        """Sleep mode: stop every carried request where it is and feed the scheduler the tokens each decoded until
-        then (one that finished meanwhile finishes as usual); `_admit` decodes them on. Returns the tokens fed."""
-        decoding = {sid for gid in self.scheduler.in_flight_groups for sid in self.scheduler.group_sample_ids(gid)
-                    if not self.scheduler.is_finished(sid)}
+    def _park_and_sleep(self) -> tuple[int, bool]:
+        """Sleep mode, as the batch is taken (the models train on the engines' GPUs next): stop every carried
+        request where it is and feed the scheduler the tokens each decoded until then (one that finished
+        meanwhile finishes as usual), then put the engines to sleep; the next step restarts the stopped ones
+        (`Phase.PARKED`). Returns the tokens fed and whether any request was stopped."""
+        decoding = set()
+        for gid in self.scheduler.in_flight_groups:
+            for sid in self.scheduler.group_sample_ids(gid):
+                if not self.scheduler.is_finished(sid):
+                    decoding.add(sid)
+        parked = bool(decoding)
         generated = 0
-        if decoding:
+        if parked:
             self.engines.park()
-            self.parked = True
         while decoding:  # every request's last delta is in its engine's outbox
             deltas = self.engines.poll(1)
             generated += sum(len(d.token_ids) for d in deltas)
             self.scorers.dispatch(self._feed(deltas))
             decoding -= {d.sample_id for d in deltas if d.finish_reason is not None}
-        return generated
+        self.engines.sleep()
+        return generated, parked
 
     # ------------------------------------------------------------------ build experiences
 
-    def _build_experiences(self, batch: TrainBatch, generate_kwargs) -> list:
-        # groups in stream order, not completion order: training sees a reproducible order
+    def _build_experiences(self, batch: TrainBatch, generate_kwargs) -> tuple[list, list[int]]:
+        """OpenRLHF's experiences of the batch, groups in stream order (not completion order: training sees a
+        reproducible order), and their sample ids in that order."""
         groups = sorted(batch.groups, key=lambda g: g.prompt_index)
-        self.batch_order = [s.sample_id for g in groups for s in g.samples]
+        sample_ids = [s.sample_id for g in groups for s in g.samples]
         self.reference_logprobs.clear()
         experiences = [self._experience(g, s, generate_kwargs) for g in groups for s in g.samples]
         rollouts = run_env.path(run_env.ROLLOUTS_JSONL)
         if rollouts:
             write_rollouts(rollouts, self.step, experiences)
-        return experiences
+        return experiences, sample_ids
 
     def _experience(self, group, sample, generate_kwargs):
+        """One trained sample as OpenRLHF's executor would have returned it, with its reward."""
         prompt, label, prompt_ids = self.prompts.by_group[group.group_id]
         sid = sample.sample_id
-        # None: OpenRLHF's reward forward scores the batch
-        scored = {"stream": lambda: {"reward": self.scorers.reward.scores[sid]},
-                  "rule": lambda: self.rule_rewards[sid], "batch": dict}[self.reward_mode]()
+        scored = self._scored(sid)
         reward = scored.get("reward")
         if reward is not None and not math.isfinite(reward):
             raise ValueError(f"OPPO step {self.step}: the reward of sample {sid} (group {group.group_id}, "
@@ -324,19 +384,35 @@ class OppoSamplesGenerator(SamplesGenerator):
             reference.keep(self.reference_logprobs, exp, self.scorers.reference.scores[sid])
         return exp
 
+    def _scored(self, sample_id: int) -> dict:
+        """What a sample was scored with: its streamed reward, its engine's rule reward ({"reward", "scores",
+        "extra_logs"}), or nothing (OpenRLHF's reward forward scores the batch)."""
+        if self.reward_mode == "stream":
+            return {"reward": self.scorers.reward.scores[sample_id]}
+        if self.reward_mode == "rule":
+            return self.rule_rewards[sample_id]
+        return {}
+
     @property
-    def batch_sample_ids(self) -> list[int] | None:  # the open batch's, in the order handed to OpenRLHF
-        return self.batch_order
+    def batch_sample_ids(self) -> list[int] | None:
+        """The open batch's sample ids, in the order its experiences were handed to OpenRLHF (None: no batch
+        awaits training)."""
+        if self.state.taken is None:
+            return None
+        return self.state.taken.sample_ids
 
     # ------------------------------------------------------------------ adapt, finalize
 
     def _adapt(self, mean_reward: float | None) -> StepReport:
         """The scheduler closes the step; its controllers set the next Δ and C (C from the tokens decoded a second
         since the step's groups were admitted: with async admission, since the previous batch, training included)."""
-        seconds = self.meter.clock() - self.admitted_s if self.async_admission else self.meter.gen_s
-        report = self.scheduler.end_step(StepStats(mean_reward, self.meter.generated_tokens, seconds,
-                                                   self.meter.forced_wait_s))
-        lag = self.oppo.staleness.max_policy_lag
+        if self.mode.admits_at_batch:
+            seconds = self.meter.clock() - self.admitted_s
+        else:
+            seconds = self.meter.gen_s
+        stats = StepStats(mean_reward, self.meter.generated_tokens, seconds, self.meter.forced_wait_s)
+        report = self.scheduler.end_step(stats)
+        lag = self.mode.max_policy_lag
         if lag and report.max_lag > lag:  # the core's forcing rules this out: a driver fed it stale tokens
             log.error("OPPO step %d trains tokens %d policy versions old, over --oppo.staleness.max_policy_lag %d",
                       report.step, report.max_lag, lag)
@@ -345,14 +421,16 @@ class OppoSamplesGenerator(SamplesGenerator):
     def _finalize(self, batch: TrainBatch, report: StepReport) -> None:
         """Record the step (trace, ledger) and drop what the trained groups held."""
         if self.trace_path:
-            rewards = ({sid: r["reward"] for sid, r in self.rule_rewards.items()} if self.reward_mode == "rule"
-                       else self.scorers.reward.scores)
+            if self.reward_mode == "rule":
+                rewards = {sid: r["reward"] for sid, r in self.rule_rewards.items()}
+            else:
+                rewards = self.scorers.reward.scores
             write_trace(self.trace_path, self.scheduler, batch, report, self.prompts.by_group, rewards,
                         self.scorers.reference.scores)
         # held: in flight now (async admission: with the next step's groups, admitted at the batch)
         self.ledger.event("step", step=report.step, admitted=self.step_admitted,
-                           trained=[[g.group_id, g.deferrals] for g in batch.groups],
-                           held=list(self.scheduler.in_flight_groups))
+                          trained=[[g.group_id, g.deferrals] for g in batch.groups],
+                          held=list(self.scheduler.in_flight_groups))
         self.step_admitted = []
         for g in batch.groups:  # trained: nothing of it is needed again
             del self.prompts.by_group[g.group_id]
@@ -366,14 +444,17 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ----------------------------------------------------------- weight sync hooks
 
     def pause_for_weight_sync(self) -> None:
-        # none carried (Δ = 0): no pause; held or asleep: stopped at the batch; a background sync: always paused
-        if (self.scheduler.in_flight_groups or self.background_sync) and not (self.sleep_mode or self.hold):
-            self.engines.pause(self.oppo.staleness.keep_kv_cache)
+        """Pause the engines for the weight sync where the step mode says so (`StepMode.pauses_for_weight_sync`)."""
+        if self.mode.pauses_for_weight_sync(carrying=bool(self.scheduler.in_flight_groups)):
+            self.engines.pause(self.mode.keep_kv_cache)
 
     def resume_after_weight_sync(self, loads: list | None = None) -> None:
         """The engines hold (with `loads`, a background sync's: once those finish) the weights trained on the
         open step's batch, or on a resume the checkpoint's: tokens from here on are that policy version."""
-        version = self.step + (1 if self.open_batch is not None else 0)
+        if self.state.taken is not None:
+            version = self.step + 1
+        else:
+            version = self.step
         if loads is not None:
             return self.engines.resume_when_loaded(loads, version, bool(self.args.vllm.enable_prefix_caching))
         self.engines.resume(version)
@@ -381,9 +462,12 @@ class OppoSamplesGenerator(SamplesGenerator):
     # ---------------------------------------------------------------- ledger, checkpoint
 
     def ledger_checkpoint(self) -> None:
+        """Record in the ledger that the last finished step's checkpoint was written: a resume may start after it."""
         self.ledger.event("checkpoint", step=self.step - 1)
 
     def state_dict(self) -> dict[str, Any]:
+        """What OpenRLHF's checkpoint keeps between steps (JSON): the scheduler's state, the policy version,
+        the last trained batch's mean reward, and the prompts of the groups in flight."""
         return {
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
@@ -392,9 +476,11 @@ class OppoSamplesGenerator(SamplesGenerator):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from `state_dict`'s output: OpenRLHF restores the dataloader at the scheduler's
+        `next_prompt_index`; the engines and scorer actors start empty (`Phase.RESTORED`)."""
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.last_mean_reward = state.get("last_mean_reward")  # absent before async admission
         self.prompts.by_group = {int(gid): (p, lb, ids) for gid, (p, lb, ids) in state["prompts"].items()}
         self.scorers.forget_all()  # scorer actors restart empty: every held sample is re-scored
-        self.needs_restart, self.parked = True, False  # OpenRLHF restores the dataloader at scheduler.next_prompt_index
+        self.state = self.state.restored()

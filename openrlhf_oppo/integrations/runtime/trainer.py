@@ -59,10 +59,12 @@ from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
 from openrlhf_oppo.integrations.runtime.run_config import config_from_env, reward_mode
 from openrlhf_oppo.integrations.runtime.scorer import StreamingReferenceModelRayActor, StreamingRewardModelRayActor
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+from openrlhf_oppo.integrations.runtime.step_mode import resolve_mode
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 STATE_KEY = "oppo_generator"
 log = get_logger(__name__)
+
 
 class StopRequested(RuntimeError):
     """The launcher was asked to stop (SIGTERM/SIGINT): the step ended and a checkpoint was written."""
@@ -74,16 +76,6 @@ def _streamed_group(group, streamed: bool, what: str) -> list:
     if streamed and not actors:
         raise RuntimeError(f"OPPO streams the {what} but OpenRLHF built no {what} group (see trainer.patch_driver)")
     return actors
-
-
-def carried_in_training(staleness, args, cpu_host: bool) -> str:
-    """'decode' or 'hold': `--oppo.staleness.carried_in_training` with 'auto' resolved by the layout: 'hold'
-    where the engines share devices with the trainer (`cpu_host`: a run of the CPU compat layer, every role
-    on one host's cores; `--train.colocate_all`). This actor holds no GPU, so it cannot ask CUDA itself."""
-    if staleness.carried_in_training != "auto":
-        return staleness.carried_in_training
-    shared = cpu_host or bool(args.train.colocate_all)
-    return "hold" if shared and staleness.max_policy_lag == 0 else "decode"
 
 
 def admission_warnings(lag: int, args) -> list[str]:
@@ -105,32 +97,41 @@ def admission_warnings(lag: int, args) -> list[str]:
 
 def build_samples_generator(base, reward_group, reference_group=None) -> OppoSamplesGenerator:
     """OPPO's generator in place of OpenRLHF's `base` (which only holds references, nothing
-    started), with its collaborators. `reward_group` / `reference_group`: OpenRLHF's groups, made
-    of OPPO's streaming actors when OPPO streams into them (`patch_driver`)."""
-    args, oppo = base.strategy.args, config_from_env()
+    started), with its collaborators and the run's step mode. `reward_group` / `reference_group`:
+    OpenRLHF's groups, made of OPPO's streaming actors when OPPO streams into them (`patch_driver`)."""
+    args = base.strategy.args
+    oppo = config_from_env()
     # an actor that dies is restarted by Ray; its held samples are re-prefilled (`ScorerDispatcher`)
     actors = _streamed_group(reward_group, reward_mode(args, oppo) == "stream", "reward")
     ref_actors = _streamed_group(reference_group, "reference" in oppo.streaming.scorers(), "reference")
     lag = oppo.staleness.max_policy_lag
     for message in admission_warnings(lag, args):
         log.warning(message)
-    staleness = {"carried_in_training": carried_in_training(oppo.staleness, args, run_env.compat_enabled())}
-    if args.vllm.enable_sleep:  # asleep, the engines drop every KV cache: nothing decodes on older weights' KV
-        staleness["keep_kv_cache"] = False
-    oppo = dataclasses.replace(oppo, staleness=dataclasses.replace(oppo.staleness, **staleness))
+    mode = resolve_mode(oppo.staleness, args, run_env.compat_enabled())
+    # the scheduler reads the resolved settings too (it keeps a carried sample's KV as the engines do)
+    staleness = dataclasses.replace(oppo.staleness, carried_in_training=mode.carried.value,
+                                    keep_kv_cache=mode.keep_kv_cache)
+    oppo = dataclasses.replace(oppo, staleness=staleness)
+    scorers = []
+    if actors:
+        scorers.append(REWARD)
+    if ref_actors:
+        scorers.append(REFERENCE)
     scheduler = OverlapScheduler(oppo, batch_groups=args.rollout.batch_size,
-                                 samples_per_group=args.rollout.n_samples_per_prompt,
-                                 scorers=(REWARD,) * bool(actors) + (REFERENCE,) * bool(ref_actors))
+                                 samples_per_group=args.rollout.n_samples_per_prompt, scorers=tuple(scorers))
     deferrals = f"--oppo.staleness.max_deferral_steps {oppo.staleness.max_deferral_steps}"
-    meter = StepMeter(scorers=len(actors), bounds=f"--oppo.staleness.max_policy_lag {lag} (or {deferrals})"
-                      if lag else deferrals)
+    if lag:
+        bounds = f"--oppo.staleness.max_policy_lag {lag} (or {deferrals})"
+    else:
+        bounds = deferrals
+    meter = StepMeter(scorers=len(actors), bounds=bounds)
+    reward = ScorerDispatcher(actors, scheduler, meter, base.strategy, args.reward.model_name_or_path)
     reference = ScorerDispatcher(ref_actors, scheduler, meter.add_scorer("reference_scorer", len(ref_actors)),
                                  base.strategy, args.actor.model_name_or_path, name=REFERENCE)
     return OppoSamplesGenerator(
         base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines,
-        oppo=oppo, scheduler=scheduler, engines=EnginePool(base.vllm_engines), meter=meter,
-        scorers=Scorers(ScorerDispatcher(actors, scheduler, meter, base.strategy, args.reward.model_name_or_path),
-                        reference),
+        oppo=oppo, mode=mode, scheduler=scheduler, engines=EnginePool(base.vllm_engines), meter=meter,
+        scorers=Scorers(reward, reference),
     )
 
 
@@ -153,15 +154,17 @@ class OppoPPOTrainerImpl(_BASE):
             return experiences
 
         self.experience_maker.make_experience_batch = checked_experience_batch
-        self.experience_padding = (micro_batches.bucket_experience_making(self.experience_maker)
-                                   if self.samples_generator.oppo.train.length_buckets else {})
+        if self.samples_generator.oppo.train.length_buckets:
+            self.experience_padding = micro_batches.bucket_experience_making(self.experience_maker)
+        else:
+            self.experience_padding = {}
         self.advantage_time = advantages.install(self.experience_maker,
                                                  self.samples_generator.oppo.train.vectorized_advantages)
 
     def broadcast_to_vllm(self) -> None:
         gen = self.samples_generator
         gen.pause_for_weight_sync()
-        if not gen.background_sync:
+        if not gen.mode.background_sync:
             try:
                 super().broadcast_to_vllm()
             finally:

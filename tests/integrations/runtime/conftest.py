@@ -30,7 +30,9 @@ class FakeRef:
     """A Ray object ref: `ready` is what `ray.wait` would say; `get` returns `value` or raises `error`."""
 
     def __init__(self, value=None, *, error: BaseException | None = None, ready: bool = True) -> None:
-        self.value, self.error, self.ready = value, error, ready
+        self.value = value
+        self.error = error
+        self.ready = ready
 
 
 class FakeCalls:
@@ -106,8 +108,8 @@ def make_args(B: int = 2, n: int = 2, remote_url: str | None = None) -> SimpleNa
     ns = SimpleNamespace
     return ns(rollout=ns(batch_size=B, n_samples_per_prompt=n), algo=ns(advantage=ns(is_correction_level="off")),
               reward=ns(remote_url=remote_url, model_name_or_path="/rm"),
-              train=ns(full_determinism_enable=False, seed=42, agent_func_path=None),
-              vllm=ns(enable_sleep=False))
+              train=ns(full_determinism_enable=False, seed=42, agent_func_path=None, colocate_all=False),
+              vllm=ns(enable_sleep=False, enable_prefix_caching=False))
 
 
 @pytest.fixture

@@ -7,15 +7,15 @@ import dataclasses
 import json
 from types import SimpleNamespace
 
-import pytest
-
-from openrlhf_oppo.config import StalenessConfig
 from openrlhf_oppo.core import OverlapScheduler
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+from openrlhf_oppo.integrations.runtime.step_mode import Carried, Phase, StepKind, resolve_mode
 
-B, N, DELTA = 2, 2, 1
+B = 2  # groups a batch trains
+N = 2  # samples per group
+DELTA = 1  # groups admitted beyond B
 PROMPTS = [f"p{i}" for i in range(6)]  # one pass
 GENERATE_KWARGS = {"max_new_tokens": 8, "max_len": 64}
 
@@ -35,7 +35,7 @@ class FakePool:
         self.placed: dict[int, int] = {}
         self.asleep = False
         self.stopped: list[int] = []  # parked, their "abort" deltas not yet polled
-        self.calls: list[str] = []  # sleep-mode calls, in order
+        self.events: list[tuple] = []  # every call but polls, in order: ("start", sample ids), ("pause",), ...
 
     def set_reward_tokenizer(self, tokenizer) -> None:
         raise AssertionError("streamed rewards: the engines score nothing")
@@ -56,6 +56,7 @@ class FakePool:
             assert gid in self.placed and req.max_tokens == GENERATE_KWARGS["max_new_tokens"]
             self.started.append((req.sample_id, list(req.held_ids)))
             self.decoding[req.sample_id] = len(req.held_ids)
+        self.events.append(("start", [req.sample_id for _, req in requests]))
 
     def restart_aborted(self, aborted, params) -> None:
         assert aborted == []
@@ -76,27 +77,31 @@ class FakePool:
     def pause(self, keep_kv_cache: bool) -> None:
         assert not self.paused, "paused twice"
         self.paused = True
+        self.events.append(("pause",))
 
     def park(self) -> None:
-        self.calls.append("park")
-        self.stopped, self.decoding = sorted(self.decoding), {}
+        self.events.append(("park",))
+        self.stopped = sorted(self.decoding)
+        self.decoding = {}
 
     def sleep(self) -> None:
-        self.calls.append("sleep")
+        self.events.append(("sleep",))
         self.asleep = True
 
     def wake(self) -> None:
-        self.calls.append("wake")
+        self.events.append(("wake",))
         self.asleep = False
 
     def resume(self, policy_version: int) -> None:
-        self.version, self.paused = policy_version, False
+        self.events.append(("resume", policy_version))
+        self.version = policy_version
+        self.paused = False
 
     def take_paused_s(self) -> float:
         return 0.0
 
     def resume_when_loaded(self, loads: list, policy_version: int, reset_prefix_cache: bool) -> None:
-        self.calls.append(("resume_when_loaded", loads, policy_version, reset_prefix_cache))
+        self.events.append(("resume_when_loaded", loads, policy_version, reset_prefix_cache))
 
 
 class FakeRewards:
@@ -140,7 +145,8 @@ class FakeRewards:
             self.opened.pop(sid, None)
 
     def forget_all(self) -> None:
-        self.scores, self.opened = {}, {}
+        self.scores = {}
+        self.opened = {}
 
 
 class Tokenizer:
@@ -154,19 +160,23 @@ def group1_is_slow(sid: int) -> int:
 
 
 def make_generator(fakes, prompts=PROMPTS, per_pass: int = len(PROMPTS), max_lag: int = 0, sleep: bool = False,
-                   carried: str = "auto"):
+                   carried: str = "auto", background_sync: bool = False):
+    """A generator on the fakes, its config and step mode made as `trainer.build_samples_generator` makes
+    them (on a host with GPUs, without --train.colocate_all: 'auto' resolves to decode)."""
     args = fakes.make_args(B=B, n=N)
     args.vllm.enable_sleep = sleep
     config = fakes.make_config(delta=DELTA, chunk=2, max_lag=max_lag)
-    config = dataclasses.replace(config, staleness=dataclasses.replace(config.staleness, carried_in_training=carried))
-    scheduler = OverlapScheduler(config, batch_groups=B,
-                                 samples_per_group=N,
-                                 scorers=(REWARD,))
+    staleness = dataclasses.replace(config.staleness, carried_in_training=carried, background_sync=background_sync)
+    mode = resolve_mode(staleness, args, cpu_host=False)
+    staleness = dataclasses.replace(staleness, carried_in_training=mode.carried.value,
+                                    keep_kv_cache=mode.keep_kv_cache)
+    config = dataclasses.replace(config, staleness=staleness)
+    scheduler = OverlapScheduler(config, batch_groups=B, samples_per_group=N, scorers=(REWARD,))
     # OpenRLHF's prompt dataloader: (indices, prompts, labels, images) batches of one
     loader = Loader([(None, [p], [f"label {p}"], [None]) for p in prompts], per_pass)
     meter = StepMeter(0, show_progress=False)
     return OppoSamplesGenerator(
-        SimpleNamespace(args=args), loader, None, Tokenizer(), [], oppo=scheduler.config, scheduler=scheduler,
+        SimpleNamespace(args=args), loader, None, Tokenizer(), [], oppo=config, mode=mode, scheduler=scheduler,
         engines=FakePool(group1_is_slow, fakes.make_delta), meter=meter,
         scorers=Scorers(FakeRewards(scheduler), ScorerDispatcher([], scheduler, meter, None, None, name=REFERENCE)),
     )
@@ -186,7 +196,8 @@ class Loader(list):
 def run_step(gen: OppoSamplesGenerator):
     """One step as OPPO's trainer runs it: generate, weight sync, finish with the batch's mean reward."""
     experiences, _, admitted, exhausted = gen.generate_samples(**GENERATE_KWARGS)
-    order, batch = gen.batch_sample_ids, gen.open_batch
+    order = gen.batch_sample_ids
+    batch = gen.state.taken.batch
     gen.pause_for_weight_sync()
     gen.resume_after_weight_sync()
     metrics = gen.finish_step(sum(e.rewards.item() for e in experiences) / len(experiences))
@@ -194,9 +205,89 @@ def run_step(gen: OppoSamplesGenerator):
                            batch=batch, metrics=metrics)
 
 
+def engine_timeline(gen: OppoSamplesGenerator, steps: int) -> list[tuple]:
+    """Run `steps` more steps as OPPO's trainer runs them; returns the engines' calls since the generator was
+    made, ("batch",) marking where `generate_samples` returned its batch. A background sync's loads land at once."""
+    for _ in range(steps):
+        experiences, _, _, _ = gen.generate_samples(**GENERATE_KWARGS)
+        gen.engines.events.append(("batch",))
+        gen.pause_for_weight_sync()
+        if gen.mode.background_sync:
+            gen.resume_after_weight_sync(["load"])
+            gen.engines.resume(gen.step + 1)  # the engines loaded the weights
+        else:
+            gen.resume_after_weight_sync()
+        gen.finish_step(sum(e.rewards.item() for e in experiences) / len(experiences))
+    return gen.engines.events
+
+
 def response_tokens(exp) -> list[int]:
-    seq, mask = exp.sequences[0].tolist(), exp.action_mask[0].tolist()
+    seq = exp.sequences[0].tolist()
+    mask = exp.action_mask[0].tolist()
     return [t for t, m in zip(seq[1:], mask, strict=True) if m]
+
+
+# One test per step mode: three steps over the six prompts (the third trains the pass's last groups).
+# Group 1 (samples 2, 3) is carried at step 0; groups 3 and 4 are samples 6-9, group 5 samples 10, 11.
+
+
+def test_a_sync_step_starts_its_groups_after_the_weight_sync_which_pauses_only_carried_groups(fakes):
+    gen = make_generator(fakes)
+    assert (gen.mode.kind, gen.mode.carried) == (StepKind.SYNC, Carried.DECODE)
+    assert engine_timeline(gen, steps=3) == [
+        ("start", [0, 1, 2, 3, 4, 5]), ("batch",), ("pause",), ("resume", 1),  # group 1 decodes through training
+        ("start", [6, 7, 8, 9]), ("batch",), ("pause",), ("resume", 2),
+        ("start", [10, 11]), ("batch",), ("resume", 3),  # nothing carried: nothing to pause
+    ]
+    assert gen.state.phase is Phase.READY
+
+
+def test_held_carried_groups_pause_as_the_batch_is_taken_and_decode_on_after_the_weight_sync(fakes):
+    gen = make_generator(fakes, carried="hold")
+    assert (gen.mode.kind, gen.mode.carried) == (StepKind.SYNC, Carried.HOLD)
+    assert engine_timeline(gen, steps=3) == [
+        ("start", [0, 1, 2, 3, 4, 5]), ("pause",), ("batch",), ("resume", 1),  # paused before experience making
+        ("start", [6, 7, 8, 9]), ("pause",), ("batch",), ("resume", 2),
+        ("start", [10, 11]), ("batch",), ("resume", 3),
+    ]
+
+
+def test_sleep_mode_wakes_the_engines_for_a_step_and_parks_its_carried_samples_before_they_sleep(fakes):
+    gen = make_generator(fakes, sleep=True)
+    assert gen.mode.kind is StepKind.SLEEP and not gen.mode.keep_kv_cache
+    engine_timeline(gen, steps=1)
+    assert gen.state.phase is Phase.PARKED  # group 1 stopped where it was: the next step restarts it
+    assert engine_timeline(gen, steps=2) == [
+        ("wake",), ("start", [0, 1, 2, 3, 4, 5]), ("park",), ("sleep",), ("batch",), ("resume", 1),  # no pause
+        ("wake",), ("start", [6, 7, 8, 9, 2, 3]), ("sleep",), ("batch",), ("resume", 2),  # group 1 from its tokens
+        ("wake",), ("start", [10, 11]), ("sleep",), ("batch",), ("resume", 3),
+    ]
+
+
+def test_an_async_step_begins_the_next_one_as_its_batch_is_taken_but_not_past_the_pass_end(fakes):
+    gen = make_generator(fakes, max_lag=2)
+    assert gen.mode.kind is StepKind.ASYNC
+    engine_timeline(gen, steps=1)
+    assert gen.state.phase is Phase.BEGUN and gen.state.begun.plan.step == 1
+    assert engine_timeline(gen, steps=2) == [
+        ("start", [0, 1, 2, 3, 4, 5]), ("start", [6, 7, 8, 9]), ("batch",), ("pause",), ("resume", 1),
+        ("start", [10, 11]), ("batch",), ("pause",), ("resume", 2),  # step 2 began here, before the update
+        ("batch",), ("resume", 3),  # the pass's last batch: the next pass waits for OpenRLHF's next episode
+    ]
+    assert gen.state.phase is Phase.READY
+
+
+def test_a_background_sync_pauses_the_engines_for_every_sync_and_resumes_them_once_they_loaded(fakes):
+    gen = make_generator(fakes, max_lag=2, background_sync=True)
+    assert gen.mode.kind is StepKind.ASYNC_BACKGROUND_SYNC
+    assert engine_timeline(gen, steps=3) == [
+        ("start", [0, 1, 2, 3, 4, 5]), ("start", [6, 7, 8, 9]), ("batch",),
+        ("pause",), ("resume_when_loaded", ["load"], 1, False), ("resume", 1),
+        ("start", [10, 11]), ("batch",),
+        ("pause",), ("resume_when_loaded", ["load"], 2, False), ("resume", 2),
+        # nothing carried: paused all the same, nothing may start on half-loaded weights
+        ("batch",), ("pause",), ("resume_when_loaded", ["load"], 3, False), ("resume", 3),
+    ]
 
 
 def test_the_first_b_complete_groups_are_trained_in_prompt_order_and_the_slow_one_is_carried(fakes):
@@ -212,28 +303,6 @@ def test_the_first_b_complete_groups_are_trained_in_prompt_order_and_the_slow_on
     assert step.metrics["oppo/policy_version"] == 0.0 and step.metrics["oppo/generated_tokens"] == 12.0
     # the trained groups are dropped
     assert set(gen.prompts.by_group) == {1} and set(gen.scorers.reward.opened) == {2, 3}
-
-
-def test_held_carried_samples_pause_at_the_batch_and_decode_on_after_the_weight_sync(fakes):
-    """carried_in_training 'hold' (what 'auto' resolves to where engines and trainer share devices): the engines
-    pause as the batch is taken, before experience making, and stay paused through the weight sync."""
-    gen = make_generator(fakes, carried="hold")
-    gen.generate_samples(**GENERATE_KWARGS)
-    assert gen.engines.paused and gen.scheduler.in_flight_groups == (1,)  # paused with group 1 carried
-    gen.pause_for_weight_sync()  # FakePool refuses a second pause
-    gen.resume_after_weight_sync()
-    assert not gen.engines.paused and gen.engines.version == 1
-    gen.finish_step(2.5)
-    step = run_step(gen)
-    carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
-    assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
-    assert gen.engines.paused is False and gen.scheduler.in_flight_groups == (4,)
-
-    decoding = make_generator(fakes, carried="decode")
-    decoding.generate_samples(**GENERATE_KWARGS)
-    assert not decoding.engines.paused  # decodes through training, paused by the weight sync only
-    decoding.pause_for_weight_sync()
-    assert decoding.engines.paused
 
 
 def test_carried_sample_keeps_its_tokens_and_later_tokens_carry_the_new_policy_version(fakes):
@@ -264,7 +333,7 @@ def test_a_resumed_run_restarts_carried_samples_from_their_recorded_tokens(fakes
     assert step.order == [2, 3, 6, 7] and response_tokens(step.experiences[0]) == [20, 21, 22]
 
 
-def test_async_admission_starts_the_next_steps_groups_before_the_update(fakes, tmp_path):
+def test_groups_admitted_at_the_batch_are_in_the_ledger_and_a_resume_admits_them_not_again(fakes, tmp_path):
     gen = make_generator(fakes, max_lag=2)
     gen.ledger.path = str(tmp_path / "ledger.jsonl")
     experiences, _, admitted, _ = gen.generate_samples(**GENERATE_KWARGS)
@@ -300,68 +369,17 @@ def test_the_engines_are_asked_for_no_text_nobody_reads(fakes):
     assert gen.sampling_params.detokenize is False
 
 
-def test_sleep_mode_stops_carried_samples_at_the_batch_and_decodes_them_on_after_the_wake(fakes):
+def test_a_parked_sample_decodes_on_after_the_wake_from_its_tokens_re_prefilled(fakes):
     gen = make_generator(fakes, sleep=True)
     step = run_step(gen)
-    assert step.order == [0, 1, 4, 5] and gen.engines.calls == ["wake", "park", "sleep"]
+    assert step.order == [0, 1, 4, 5]
     assert gen.engines.paused is False  # asleep through the update: nothing to pause
     assert gen.scheduler.held_tokens(2) == [20, 21] and gen.scheduler.held_tokens(3) == [30, 31]
     assert step.metrics["oppo/reprefilled_tokens"] == 0.0
     step = run_step(gen)
-    assert gen.engines.calls[3:] == ["wake", "sleep"]  # every sample finished by the batch: none to stop
+    assert ("park",) not in gen.engines.events[5:]  # every sample finished by step 1's batch: none to stop
     # group 1 decodes on from the tokens it had, after group 3's new samples are started
     assert gen.engines.started[-2:] == [(2, [20, 21]), (3, [30, 31])]
     carried = {s.sample_id: s for g in step.batch.groups for s in g.samples}[2]
     assert (carried.token_ids, carried.token_versions) == ([20, 21, 22], [0, 0, 1])
     assert step.metrics["oppo/reprefilled_tokens"] == 2 * (len("p1") + 2)  # prompt + held, re-prefilled
-
-
-def test_a_background_sync_pauses_the_engines_with_nothing_carried_and_hands_them_the_loads(fakes):
-    gen = make_generator(fakes, max_lag=2)
-    gen.args.vllm.enable_prefix_caching = False
-    gen.pause_for_weight_sync()
-    assert not gen.engines.paused  # nothing in flight, foreground sync: no pause
-    gen.background_sync = True
-    gen.pause_for_weight_sync()  # nothing may start on half-loaded weights
-    assert gen.engines.paused
-    gen.resume_after_weight_sync(["load 0", "load 1"])
-    assert gen.engines.calls == [("resume_when_loaded", ["load 0", "load 1"], 0, False)] and gen.engines.paused
-
-
-@pytest.mark.parametrize("given, cpu_host, colocate_all, lag, resolved", [
-    ("auto", True, False, 0, "hold"),  # a CPU run: every role on one host's cores
-    ("auto", False, True, 0, "hold"),  # --train.colocate_all: the engines on the training GPUs
-    ("auto", False, False, 0, "decode"),  # vLLM on GPUs of its own
-    ("auto", True, False, 2, "decode"),  # async admission: the next step's groups decode while it trains
-    ("decode", True, False, 0, "decode"),
-    ("hold", False, False, 0, "hold"),
-])
-def test_auto_holds_carried_groups_where_the_engines_share_the_trainers_devices(given, cpu_host, colocate_all, lag,
-                                                                                  resolved):
-    from openrlhf_oppo import compat
-
-    compat.apply()
-    from openrlhf_oppo.integrations.runtime.trainer import carried_in_training
-
-    staleness = StalenessConfig(max_policy_lag=lag, carried_in_training=given)
-    args = SimpleNamespace(train=SimpleNamespace(colocate_all=colocate_all))
-    assert carried_in_training(staleness, args, cpu_host) == resolved
-
-
-@pytest.mark.parametrize("lag, colocate_all, async_enable, said", [
-    (0, True, False, []),
-    (2, False, True, []),
-    (2, True, True, []),  # OpenRLHF's async layout: vLLM on its own GPUs
-    (1, True, False, ["share the training GPUs"]),
-    (3, False, True, ["a bound of 3 leaned below sync"]),
-    (4, True, False, ["share the training GPUs", "a bound of 3 leaned below sync"]),
-])
-def test_start_up_warns_of_shared_gpus_and_of_a_lag_bound_beyond_what_learned_as_sync(lag, colocate_all,
-                                                                                       async_enable, said):
-    from openrlhf_oppo.integrations.runtime.trainer import admission_warnings
-
-    args = SimpleNamespace(train=SimpleNamespace(colocate_all=colocate_all, async_enable=async_enable))
-    messages = admission_warnings(lag, args)
-    assert len(messages) == len(said)
-    for message, part in zip(messages, said, strict=True):
-        assert message.startswith(f"OPPO: --oppo.staleness.max_policy_lag {lag}") and part in message
