@@ -88,10 +88,10 @@ def admission_warnings(lag: int, args) -> list[str]:
                    "shared); async admission is for vLLM on its own GPUs (add --train.async_enable: the DeepSpeed "
                    "models keep sharing theirs, as in OpenRLHF's async mode; or drop --train.colocate_all)")
     if lag > ASYNC_POLICY_LAG:
-        out.append(f"{flag}: on the built-in learn task a bound of 3 leaned below sync and one of 4 ended below it "
-                   "in held-out learned reward at all six seeds after 64 steps and at five of six after 128 (above "
-                   f"OpenRLHF's over-sampling at every seed; docs/convergence.md); the async schedules use "
-                   f"{ASYNC_POLICY_LAG}")
+        out.append(f"{flag}: a bound above {ASYNC_POLICY_LAG} trains on staler tokens than the async schedules "
+                   f"allow and may learn less per step than sync; use --oppo.staleness.max_policy_lag "
+                   f"{ASYNC_POLICY_LAG} (the async schedules' bound) unless a run on your task shows the higher "
+                   f"bound learns as well (docs/evidence.md#policy-lag)")
     return out
 
 
