@@ -48,7 +48,8 @@ def take_groups(flight: InFlight, group_ids: Sequence[int], step: int, kept_kv: 
     """Remove ``group_ids`` (complete) from ``flight`` and return them as the batch of ``step``.
     ``kept_kv``: the engines kept a paused sample's KV cache across weight syncs, so its
     tokens after its first version run were decoded on keys/values of older weights."""
-    samples, scored = flight.samples, flight.scored
+    samples = flight.samples
+    scored = flight.scored
     groups = []
     tokens = stale_kv = max_lag = 0
     lag_tokens = dict.fromkeys(LAG_BUCKETS, 0)
@@ -68,9 +69,11 @@ def take_groups(flight: InFlight, group_ids: Sequence[int], step: int, kept_kv: 
             if len(runs) == 1:
                 lag_tokens[lag_bucket(step - runs[0][1])] += n
             elif runs:
-                stale_kv += n - runs[1][0] if kept_kv else 0
-                for i, (start, v) in enumerate(runs):
-                    lag_tokens[lag_bucket(step - v)] += (runs[i + 1][0] if i + 1 < len(runs) else n) - start
+                if kept_kv:
+                    stale_kv += n - runs[1][0]
+                ends = [start for start, _ in runs[1:]] + [n]  # a run ends where the next starts
+                for (start, v), end in zip(runs, ends, strict=True):
+                    lag_tokens[lag_bucket(step - v)] += end - start
             lps = s.logprob_chunks
             if lps is None:
                 lps = _no_logprobs(len(s.token_chunks))
@@ -92,13 +95,14 @@ def forced_groups(flight: InFlight, step: int, staleness: StalenessConfig) -> fr
     recorded may still have tokens on their way (decoded, not yet polled), as old as the
     engines' version when its group was admitted: under async admission
     ``begin_step(a)`` runs before the weight sync that makes version ``a``, so ``a - 1``."""
-    max_deferrals, lag = staleness.max_deferral_steps, staleness.max_policy_lag
-    forced = [g.group_id for g in flight.groups.values() if g.deferrals >= max_deferrals]
+    lag = staleness.max_policy_lag
+    forced = [g.group_id for g in flight.groups.values() if g.deferrals >= staleness.max_deferral_steps]
     if lag:
-        samples = flight.samples
-        forced += (g.group_id for g in flight.groups.values()
-                   if step + 1 - min(_first_version(samples[sid], max(0, g.admitted_step - 1))
-                                     for sid in g.sample_ids) > lag)
+        for g in flight.groups.values():
+            floor = max(0, g.admitted_step - 1)
+            oldest = min(_first_version(flight.samples[sid], floor) for sid in g.sample_ids)
+            if step + 1 - oldest > lag:
+                forced.append(g.group_id)
     return frozenset(forced)
 
 

@@ -82,12 +82,17 @@ def _dump_sample(s: Sample) -> dict[str, Any]:
     return {
         "sample_id": s.sample_id,
         "tokens": [list(c) for c in s.token_chunks],
-        "logprobs": [list(c) for c in s.logprob_chunks]
-        if s.logprob_chunks is not None
-        else [[] for _ in s.token_chunks],
+        "logprobs": _dump_logprobs(s),
         "version_runs": [list(r) for r in s.version_runs],
         "finish_reason": s.finish_reason,
     }
+
+
+def _dump_logprobs(s: Sample) -> list[list[float]]:
+    """One list per token chunk, empty where no logprobs were recorded."""
+    if s.logprob_chunks is None:
+        return [[] for _ in s.token_chunks]
+    return [list(c) for c in s.logprob_chunks]
 
 
 def check_header(state: Any, setup: Setup) -> None:
@@ -198,9 +203,11 @@ def _delta(config: OppoConfig, state: dict[str, Any], carried: int, batch_groups
     ctl.load_state_dict(state)
     was = ctl.value
     if not cfg.enable:
-        ctl.value, why = 0, "--oppo.delta.enable is false"
+        ctl.value = 0
+        why = "--oppo.delta.enable is false"
     elif not cfg.adaptive:
-        ctl.value, why = cfg.init, "--oppo.delta.adaptive is false: Δ is --oppo.delta.init"
+        ctl.value = cfg.init
+        why = "--oppo.delta.adaptive is false: Δ is --oppo.delta.init"
     else:
         ctl.value = min(cfg.max, max(cfg.min, was))
         why = f"--oppo.delta.min/max allow [{cfg.min}, {cfg.max}]"

@@ -24,12 +24,13 @@ def restream_chunks(flight: InFlight, chunk_size_tokens: int, stream: bool) -> t
     is then done: ``flight.needs_restream`` is cleared."""
     flight.needs_restream = False
     flight.restored_complete_order = []
-    c, out = chunk_size_tokens, []
+    out = []
     for s in flight.samples.values():
         n = s.num_tokens
         toks = joined_tokens(s.token_chunks)
         start = 0
-        for end in range(c, n + 1, c) if stream else ():
+        ends = range(chunk_size_tokens, n + 1, chunk_size_tokens) if stream else ()
+        for end in ends:
             out.append(_new_tuple(ChunkReady, (s.sample_id, start, end, False, toks[start:end])))
             start = end
         s.cut = start
@@ -42,7 +43,9 @@ def restream_chunks(flight: InFlight, chunk_size_tokens: int, stream: bool) -> t
 def resend_chunks(flight: InFlight, scorer_index: int, all_done: int, chosen: Iterable[Sample]) -> list[ChunkReady]:
     """Forget what scorer ``scorer_index`` acknowledged for ``chosen`` (validated) samples;
     one chunk per sample re-sends every token cut so far (final if it finished)."""
-    bit, scored, chunks = 1 << scorer_index, flight.scored[scorer_index], []
+    bit = 1 << scorer_index
+    scored = flight.scored[scorer_index]
+    chunks = []
     for s in chosen:
         scored[s.sample_id] = 0
         if s.done_mask & bit:

@@ -155,7 +155,9 @@ def check_events(events: Iterable[dict[str, Any]]) -> LedgerReport:
     trained = [t[0] for row in lineage for t in row["trained"]]
     held = lineage[-1]["held"] if lineage else []
     report.problems += _account(trained, held, len(admitted))
-    report.admitted, report.trained, report.held = len(admitted), len(trained), len(held)
+    report.admitted = len(admitted)
+    report.trained = len(trained)
+    report.held = len(held)
     report.last_step = lineage[-1]["step"] if lineage else -1
     return report
 

@@ -120,19 +120,19 @@ class InFlight:
 
     def admit(self, step: int, count: int, n: int) -> tuple[AdmitGroup, ...]:
         """Admit ``count`` new groups of ``n`` samples at the next prompt positions."""
-        groups, samples, scored = self.groups, self.samples, self.scored
         admit = []
         for _ in range(count):
-            gid, prompt_index = self.next_group_id, self.next_prompt_index
+            gid = self.next_group_id
+            prompt_index = self.next_prompt_index
             self.next_group_id += 1
             self.next_prompt_index += 1
             sample_ids = tuple(range(gid * n, gid * n + n))
             group = Group(gid, prompt_index, step, sample_ids)
             for sid in sample_ids:
-                samples[sid] = Sample(sid, group)
-                for acked in scored:
+                self.samples[sid] = Sample(sid, group)
+                for acked in self.scored:
                     acked[sid] = 0
-            groups[gid] = group
+            self.groups[gid] = group
             admit.append(_new_tuple(AdmitGroup, (gid, prompt_index, sample_ids)))
         self.admitted_groups_total += count
         return tuple(admit)

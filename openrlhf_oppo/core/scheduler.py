@@ -32,7 +32,6 @@ Stdlib only: no torch, ray, vllm or deepspeed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
 from typing import Any
 
 from openrlhf_oppo.config import OppoConfig
@@ -153,7 +152,10 @@ class OverlapScheduler:
         # checkpoint load is due: it re-sends every held token with the step's C)
         c = self._chunk_size if self._stream and not self._flight.needs_restream else 0
         ready: list[ChunkReady] = []
-        add_ready, new_tuple, chunk_ready = ready.append, _new_tuple, ChunkReady  # locals: hot loop
+        # locals: the loop below runs once an engine delta
+        add_ready = ready.append
+        new_tuple = _new_tuple
+        chunk_ready = ChunkReady
         for s, (sample_id, token_ids, logprobs) in zip(found, outputs, strict=True):
             k = len(token_ids)
             if k == 0:
@@ -163,7 +165,8 @@ class OverlapScheduler:
             s.token_chunks.append(token_ids)
             if logprobs is not None or s.logprob_chunks is not None:
                 s.add_logprobs(logprobs)
-            n = s.num_tokens = s.num_tokens + k
+            s.num_tokens += k
+            n = s.num_tokens
             cut = s.cut
             if c and n - cut >= c:
                 base = n - k  # offset of this delta's first token
@@ -198,9 +201,13 @@ class OverlapScheduler:
             return []
         if self._flight.needs_restream:  # the next plan's restream sends the final chunk
             return []
-        n, cut, chunks = s.num_tokens, s.cut, s.token_chunks
-        # the final chunk is most often the last delta, whole (no copy)
-        toks = chunks[-1] if chunks and len(chunks[-1]) == n - cut else token_slice(chunks, n, cut, n)
+        n = s.num_tokens
+        cut = s.cut
+        chunks = s.token_chunks
+        if chunks and len(chunks[-1]) == n - cut:
+            toks = chunks[-1]  # most often the final chunk is the last delta, whole (no copy)
+        else:
+            toks = token_slice(chunks, n, cut, n)
         s.cut = n
         return [_new_tuple(ChunkReady, (sample_id, cut, n, True, toks))]
 
@@ -216,9 +223,11 @@ class OverlapScheduler:
     def _ack(self, scorer: str, acks: Iterable[ChunkReady] | Iterable[tuple[int, int, int, bool]]) -> None:
         idx = self._scorer_idx(scorer)
         acks = acks if isinstance(acks, (list, tuple)) else list(acks)
-        samples, scored = self._flight.samples, self._flight.scored[idx]
+        samples = self._flight.samples
+        scored = self._flight.scored[idx]
         validate.check_acks(samples, scored, scorer, acks)  # every entry before applying any
-        bit, all_done = 1 << idx, self._all_done
+        bit = 1 << idx
+        all_done = self._all_done
         for ack in acks:  # a ChunkReady or a plain (sample_id, start, end, final)
             sample_id = ack[0]
             scored[sample_id] = ack[2]
@@ -279,7 +288,8 @@ class OverlapScheduler:
         if batch is None:
             raise RuntimeError(f"end_step({self._step}) before a batch was taken; the step is not done")
         validate.check_stats(stats, self._step)
-        step, flight = self._step, self._flight
+        step = self._step
+        flight = self._flight
         carried_tokens = sum(flight.samples[sid].num_tokens for g in flight.groups.values() for sid in g.sample_ids)
         for g in flight.groups.values():
             g.deferrals += 1
@@ -290,14 +300,16 @@ class OverlapScheduler:
         # (longest response, truncated at the cap): what the system Δ rule reads
         lengths = [(max(s.num_tokens for s in g.samples), any(s.finish_reason == "length" for s in g.samples))
                    for g in batch.groups]
+        if self._stream:
+            next_chunk_size = self.chunk.update(stats.generated_tokens, stats.generation_time_s)
+        else:
+            next_chunk_size = self._chunk_size
         report = StepReport(
             step=step,
             delta=self._step_delta,
             next_delta=self.delta.update(stats.mean_reward, lengths),
             chunk_size_tokens=self._chunk_size,
-            next_chunk_size_tokens=self.chunk.update(stats.generated_tokens, stats.generation_time_s)
-            if self._stream
-            else self._chunk_size,
+            next_chunk_size_tokens=next_chunk_size,
             trained_groups=trained,
             admitted_groups=self._admitted_this_step,
             carried_groups=tuple(flight.groups),
@@ -336,7 +348,10 @@ class OverlapScheduler:
         """Group ids admitted and not yet trained (carried or current)."""
         return tuple(self._flight.groups)
 
-    next_prompt_index = property(attrgetter("_flight.next_prompt_index"))
+    @property
+    def next_prompt_index(self) -> int:
+        """The prompt position the next admitted group takes."""
+        return self._flight.next_prompt_index
 
     @property
     def oldest_prompt_index(self) -> int:
@@ -359,17 +374,34 @@ class OverlapScheduler:
         return self._sample(sample_id).finish_reason is not None
 
     # cumulative statistics, checkpoints included
-    admitted_groups_total = property(attrgetter("_flight.admitted_groups_total"))
-    trained_groups_total = property(attrgetter("_flight.trained_groups_total"))
-    trained_tokens_total = property(attrgetter("_flight.trained_tokens_total"))
-    offpolicy_tokens_total = property(attrgetter("_flight.offpolicy_tokens_total"))
-    deferral_hist_total = property(attrgetter("_flight.deferral_hist_total"))  # trained groups per deferral bucket
+
+    @property
+    def admitted_groups_total(self) -> int:
+        return self._flight.admitted_groups_total
+
+    @property
+    def trained_groups_total(self) -> int:
+        return self._flight.trained_groups_total
+
+    @property
+    def trained_tokens_total(self) -> int:
+        return self._flight.trained_tokens_total
+
+    @property
+    def offpolicy_tokens_total(self) -> int:
+        return self._flight.offpolicy_tokens_total
+
+    @property
+    def deferral_hist_total(self) -> dict[str, int]:
+        """Trained groups per deferral bucket."""
+        return self._flight.deferral_hist_total
 
     @property
     def ledger(self) -> list[tuple[int, ...]]:
         """One row per trained group: (group id, prompt index, admitted step, trained step, deferrals)."""
-        rows, w = self._flight.ledger, len(LEDGER_FIELDS)
-        return [tuple(rows[i : i + w]) for i in range(0, len(rows), w)]
+        rows = self._flight.ledger
+        width = len(LEDGER_FIELDS)
+        return [tuple(rows[i : i + width]) for i in range(0, len(rows), width)]
 
     # ------------------------------------------------------------------ checkpoint
 

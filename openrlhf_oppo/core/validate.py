@@ -78,7 +78,9 @@ def check_outputs(samples: dict[int, Sample], outputs: Sequence[tuple], version:
     order, once every entry passed (a fast test per entry; `check_delta` names the fault)."""
     check_version(version)
     found: list[Sample] = []
-    add_found, int_codes = found.append, INT_CODES  # locals: hot loop
+    # locals: the loop below runs once an engine delta
+    add_found = found.append
+    int_codes = INT_CODES
     sample_id = None
     try:
         for sample_id, token_ids, logprobs in outputs:
