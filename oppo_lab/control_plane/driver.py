@@ -27,6 +27,7 @@ from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.step_meter import StepMeter
+from openrlhf_oppo.integrations.runtime.step_mode import Carried, StepKind, StepMode
 from oppo_lab.control_plane.actors import SyntheticEngineActor, SyntheticScorerActor, sample_length
 from oppo_lab.synthetic import LengthModel
 
@@ -149,8 +150,9 @@ def build(w: Workload, chunk_tokens: int, engines: list, scorers: list, progress
                       ScorerDispatcher([], scheduler, meter, strategy=None, model_path=None, name=REFERENCE))
     loader = PromptLoader([(None, [f"prompt {i}"], [f"label {i}"], [None]) for i in range(w.prompts)])
     gen = OppoSamplesGenerator(SimpleNamespace(args=generator_args(w)), loader, None,
-                               PromptTokenizer(w.prompt_tokens), engines, oppo=oppo, scheduler=scheduler,
-                               engines=pool, scorers=rewards, meter=meter)
+                               PromptTokenizer(w.prompt_tokens), engines, oppo=oppo,
+                               mode=StepMode(StepKind.SYNC, Carried.DECODE, keep_kv_cache=True, max_policy_lag=0),
+                               scheduler=scheduler, engines=pool, scorers=rewards, meter=meter)
     return gen, pool, meter
 
 
