@@ -23,7 +23,9 @@ REPORT_ENV = "OPPO_PREFLIGHT_JSON"  # where the input checks' report goes (defau
 
 def _report_path() -> Path:
     named = os.environ.get(REPORT_ENV)
-    return Path(named) if named else Path(tempfile.gettempdir()) / f"openrlhf_oppo-preflight-{os.getpid()}.json"
+    if named:
+        return Path(named)
+    return Path(tempfile.gettempdir()) / f"openrlhf_oppo-preflight-{os.getpid()}.json"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,7 +49,9 @@ from openrlhf_oppo.config import OppoConfig
 NOTE = "openrlhf-oppo: colocated memory check:"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}  # --ds.param_dtype; anything else: fp32
 # where an item is on the device: the whole step, or only while vLLM generates / the models train
-ALWAYS, GENERATE, TRAIN = "always", "while vLLM generates", "while the models train"
+ALWAYS = "always"
+GENERATE = "while vLLM generates"
+TRAIN = "while the models train"
 
 
 def _note(message: str) -> None:
@@ -112,7 +114,8 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
                 (f"{name} optimizer states and gradients", footprint.zero3_bytes(params, True, devices) - weights,
                  TRAIN)]
 
-    util, items = v["vllm.gpu_memory_utilization"], []
+    util = v["vllm.gpu_memory_utilization"]
+    items = []
     if not v.get("train.async_enable"):  # with it OpenRLHF gives vLLM GPUs of its own
         items.append((f"vLLM (--vllm.gpu_memory_utilization {util:g})", util * capacity,
                       GENERATE if v.get("vllm.enable_sleep") else ALWAYS))
@@ -132,16 +135,19 @@ def per_device_items(v: dict[str, Any], cfg: OppoConfig | None, capacity: float)
             else:
                 items.append(("background sync buffer (--oppo.staleness.background_sync: the actor's weights)",
                               dtype_bytes * actor, ALWAYS))
-        if v["algo.kl.init_coef"] > 0:
-            items += (streamed("reference", actor_cfg, actor, "ref") if streams_reference(cfg) else
-                      [("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS)])
-    remote = v["reward.remote_url"]
-    reward_path = None if remote else (v["reward.model_name_or_path"] or "").split(",")[0] or None
+        if v["algo.kl.init_coef"] > 0 and streams_reference(cfg):
+            items += streamed("reference", actor_cfg, actor, "ref")
+        elif v["algo.kl.init_coef"] > 0:
+            items.append(("reference", footprint.zero3_bytes(actor, False, gpus("ref")), ALWAYS))
+    reward_path = None  # the first of --reward.model_name_or_path's models; none with a remote reward
+    if not v["reward.remote_url"]:
+        reward_path = (v["reward.model_name_or_path"] or "").split(",")[0] or None
     if v["algo.advantage.estimator"] == "gae":  # OpenRLHF's critic: given, else the reward model, else the actor
         flag, path = "critic.model_name_or_path", v["critic.model_name_or_path"]
-        if not path:
-            flag, path = ("reward.model_name_or_path", reward_path) if reward_path else (
-                "actor.model_name_or_path", v["actor.model_name_or_path"])
+        if not path and reward_path:
+            flag, path = "reward.model_name_or_path", reward_path
+        elif not path:
+            flag, path = "actor.model_name_or_path", v["actor.model_name_or_path"]
         critic_cfg = _config(flag, path)
         if critic_cfg is not None:
             critic = footprint.params_of_config(critic_cfg, lm_head=False)
@@ -199,7 +205,8 @@ def check_colocated(v: dict[str, Any], cfg: OppoConfig | None, environ: Mapping[
 
 def _refusal(v: dict[str, Any], cfg: OppoConfig, when: str, items: list[tuple[str, float]], capacity: float,
              where: str) -> str:
-    gb, total = footprint.GB, sum(b for _, b in items)
+    gb = footprint.GB
+    total = sum(b for _, b in items)
     parts = ", ".join(f"{what} {b / gb:.1f}" for what, b in items if b > 0)
     fits = []
     vllm = next((b for what, b in items if what.startswith("vLLM")), None)

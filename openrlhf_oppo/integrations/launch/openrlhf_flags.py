@@ -62,8 +62,8 @@ def _literal(node: ast.AST | None) -> Any:
     if node is None:
         return None
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float"):
-        node, cast = (node.args[0] if node.args else None), {"int": int, "float": float}[node.func.id]
-        value = _literal(node)
+        cast = int if node.func.id == "int" else float
+        value = _literal(node.args[0]) if node.args else None
         return None if value is None else cast(value)
     try:
         return ast.literal_eval(node)
@@ -98,7 +98,8 @@ def parse_flags(source: str) -> dict[str, Flag]:
         ):
             for text in _string_values(node.args[0], loop_vars):
                 if text.startswith("--"):
-                    name, kw = text[2:], {k.arg: k.value for k in node.keywords}
+                    name = text[2:]
+                    kw = {k.arg: k.value for k in node.keywords}
                     tp = kw.get("type")
                     choices = _literal(kw.get("choices"))
                     flags[name] = Flag(name, _kind(node), _literal(kw.get("default")),

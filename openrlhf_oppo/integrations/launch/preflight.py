@@ -60,8 +60,10 @@ def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool) -> di
     if new is not None and not 1 <= new < max_len:
         raise ValueError(f"--rollout.max_new_tokens ({new}) must be >= 1 and < --data.max_len ({max_len}): "
                          "OpenRLHF gives the prompt what max_len - max_new_tokens leaves")
-    rb, n, tb, mb = (v[k] for k in ("rollout.batch_size", "rollout.n_samples_per_prompt",
-                                   "train.batch_size", "train.micro_batch_size"))
+    rb = v["rollout.batch_size"]
+    n = v["rollout.n_samples_per_prompt"]
+    tb = v["train.batch_size"]
+    mb = v["train.micro_batch_size"]
     if (rb * n) % tb:
         raise ValueError(
             f"--rollout.batch_size x --rollout.n_samples_per_prompt = {rb} x {n} = {rb * n} samples per step "
@@ -69,7 +71,8 @@ def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool) -> di
             f"{tb} samples, so the last {(rb * n) % tb} would be dropped (dynamic batching) or accumulated "
             "into the next step's update (DeepSpeed)")
     split = v["ds.ring_attn_size"] * v["ds.tensor_parallel_size"]
-    for group in ("actor", "critic") if v["algo.advantage.estimator"] == "gae" else ("actor",):
+    trained = ("actor", "critic") if v["algo.advantage.estimator"] == "gae" else ("actor",)
+    for group in trained:
         dp = max(1, v[f"{group}.num_nodes"] * v[f"{group}.num_gpus_per_node"] // split)
         if tb % (mb * dp):
             raise ValueError(
@@ -155,7 +158,8 @@ def _check_row(rec: Any, where: str, path: Path, v: dict[str, Any]) -> None:
             continue
         if key not in rec or rec[key] is None:
             raise ValueError(f"--data.prompt_dataset {path}: {where} has no --{flag} '{key}'; its keys: {keys}")
-    value, chat = rec[v["data.input_key"]], v["data.apply_chat_template"]
+    value = rec[v["data.input_key"]]
+    chat = v["data.apply_chat_template"]
     if not ((isinstance(value, str) and value.strip())
             or (chat and isinstance(value, list) and value and all(isinstance(m, dict) for m in value))):
         wanted = "a non-empty string" + (" or a list of chat messages" if chat else "")
@@ -247,13 +251,16 @@ def check_inputs(flags: dict[str, Any], extra_argv: list[str], out: Path, oppo: 
         used = used[: v["data.max_samples"]]
 
     # 2. tokenizers: the reward model (and an explicitly set critic) get the actor's token ids
-    actor_path, actor_tok = v["actor.model_name_or_path"], None
+    actor_path = v["actor.model_name_or_path"]
+    actor_tok = None
     if actor_path and os.path.isdir(actor_path):
         actor_tok = _tokenizer("actor.model_name_or_path", actor_path, v)
     else:
         skip(f"--actor.model_name_or_path {actor_path}", "not a local directory (prompt lengths and tokenizers)")
-    others = [] if v["reward.remote_url"] else [("reward.model_name_or_path", p.strip())
-                                                for p in (v["reward.model_name_or_path"] or "").split(",") if p.strip()]
+    others = []  # (flag, path) of the models that read the actor's token ids
+    if not v["reward.remote_url"]:
+        paths = (v["reward.model_name_or_path"] or "").split(",")
+        others += [("reward.model_name_or_path", p.strip()) for p in paths if p.strip()]
     critic = v["critic.model_name_or_path"]
     if critic and v["algo.advantage.estimator"] == "gae" and critic not in [p for _, p in others]:
         others.append(("critic.model_name_or_path", critic))
@@ -281,10 +288,15 @@ def check_inputs(flags: dict[str, Any], extra_argv: list[str], out: Path, oppo: 
         over = [i for i, n in enumerate(lengths) if n > limit]
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         _, path, row = used[longest]
+        if v["data.apply_chat_template"]:
+            prompt_text = "chat template"
+        elif "{}" in (v["data.input_template"] or ""):
+            prompt_text = "input template"
+        else:
+            prompt_text = "raw input"
         report.update(prompts_counted=len(lengths), prompts_over_limit=len(over),
                       longest_prompt_tokens=lengths[longest], longest_prompt=f"{path} row {row}",
-                      prompt_text="chat template" if v["data.apply_chat_template"] else
-                      "input template" if "{}" in (v["data.input_template"] or "") else "raw input")
+                      prompt_text=prompt_text)
         if len(over) == len(lengths):
             raise ValueError(f"all {len(lengths)} prompts are longer than the prompt budget of {limit} tokens "
                              f"({rule}); the shortest has {min(lengths)}: raise --data.max_len or lower "
