@@ -76,7 +76,8 @@ def install(maker, vectorized: bool) -> dict[str, float]:
     if vectorized:
         maker.get_advantages_and_returns = gae
         maker.get_cumulative_returns = cumulative_returns
-    compute, stats = maker.compute_advantages_and_returns, {}
+    compute = maker.compute_advantages_and_returns
+    stats = {}
 
     def timed(experiences):
         start = time.perf_counter()

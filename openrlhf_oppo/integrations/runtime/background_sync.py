@@ -60,7 +60,9 @@ class CpuSender:
     def __init__(self, owner) -> None:
         from openrlhf_oppo.compat import weight_sync
 
-        self.owner, self.weight_sync, self.packed = owner, weight_sync, []
+        self.owner = owner
+        self.weight_sync = weight_sync
+        self.packed = []
 
     def add(self, name: str, tensor) -> None:
         self.packed.append(self.weight_sync.pack_tensor(name, tensor))
@@ -78,7 +80,9 @@ class NcclSender:
     is sent, so the GPU holds one at a time)."""
 
     def __init__(self, owner, host: bool = False) -> None:
-        self.owner, self.host, self.buffer = owner, host, []
+        self.owner = owner
+        self.host = host
+        self.buffer = []
 
     def add(self, name: str, tensor) -> None:
         tensor = tensor.detach()
@@ -90,7 +94,8 @@ class NcclSender:
             self.buffer.append((name, tensor.clone()))
 
     def start(self) -> tuple[list, threading.Thread]:
-        owner, buffer = self.owner, self.buffer
+        owner = self.owner
+        buffer = self.buffer
         metas = [(name, t.dtype, tuple(t.shape)) for name, t in buffer]
         loads = [engine.receive_weights.remote(metas) for engine in owner.vllm_engines]
         group = owner._model_update_group
@@ -114,7 +119,10 @@ class CpuShardSender:
     def __init__(self, owner) -> None:
         from openrlhf_oppo.compat import weight_sync
 
-        self.owner, self.weight_sync, self.shapes, self.packed = owner, weight_sync, [], []
+        self.owner = owner
+        self.weight_sync = weight_sync
+        self.shapes = []
+        self.packed = []
 
     def add(self, name: str, shard, shape: tuple) -> None:
         self.shapes.append(shape)
@@ -140,14 +148,19 @@ class NcclShardSender:
     last checkpoint, instead of hanging."""
 
     def __init__(self, owner, group) -> None:
-        self.owner, self.group, self.metas, self.buffer = owner, group, [], []
+        self.owner = owner
+        self.group = group
+        self.metas = []
+        self.buffer = []
 
     def add(self, name: str, shard, shape: tuple) -> None:
         self.metas.append((name, shard.dtype, shape, shard.numel()))
         self.buffer.append(shard.detach().clone())  # on the trainer's stream: before the next step writes it
 
     def start(self) -> tuple[list, threading.Thread]:
-        senders, group, engines = torch.distributed.get_world_size(), self.group, self.owner.vllm_engines
+        senders = torch.distributed.get_world_size()
+        group = self.group
+        engines = self.owner.vllm_engines
         loads = []
         if torch.distributed.get_rank() == 0:
             loads = [engine.receive_shards.remote(self.metas, senders) for engine in engines]

@@ -38,7 +38,8 @@ class EnginePool:
         self.aborted_this_step = 0  # aborted requests restarted this step
         self.replies_this_step = 0  # engine replies this step (crash injection counts them)
         self.paused = False  # paused for the weight sync under way
-        self.paused_at, self.paused_s = 0.0, 0.0  # when the engines paused; seconds paused since `take_paused_s`
+        self.paused_at = 0.0  # when the engines paused
+        self.paused_s = 0.0  # seconds paused since `take_paused_s`
         self.landing: threading.Thread | None = None  # background sync: waits for the loads, then resumes
         self.landing_error: BaseException | None = None
 
@@ -153,7 +154,8 @@ class EnginePool:
         """Pause decoding, requests kept (and their KV cache with `keep_kv_cache`); after the last
         background sync's loads (`join_landing`)."""
         self.join_landing()
-        self.paused, self.paused_at = True, time.time()
+        self.paused = True
+        self.paused_at = time.time()
         with timeline.RECORDER.timed("driver", "pause"):
             self.calls.get([e.pause_generation.remote(keep_kv_cache) for e in self.engines])
 
@@ -166,7 +168,8 @@ class EnginePool:
         self.calls.get([e.set_policy_version.remote(policy_version) for e in self.engines])
         if self.paused:
             self.calls.get([e.resume_generation.remote() for e in self.engines])  # OpenRLHF's `RolloutRayActor`'s
-            self.paused, self.paused_s = False, self.paused_s + time.time() - self.paused_at
+            self.paused = False
+            self.paused_s += time.time() - self.paused_at
 
     def take_paused_s(self) -> float:
         """Seconds the engines sat paused for weight syncs that ended since the last call (a background

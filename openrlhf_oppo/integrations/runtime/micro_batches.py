@@ -57,7 +57,8 @@ def regroup(batches: Iterable[list[int]], lengths: list[int], window: int) -> It
 
 def _sorted(batches: list[list[int]], lengths: list[int]) -> list[list[int]]:
     order = sorted((i for batch in batches for i in batch), key=lambda i: lengths[i])
-    out, start = [], 0
+    out = []
+    start = 0
     for batch in batches:
         out.append(order[start:start + len(batch)])
         start += len(batch)
@@ -74,9 +75,12 @@ def experience_micro_batches(lengths: list[int], size: int, ranks: int) -> list[
     cuts = [order[i:i + size] for i in range(0, len(order), size)]
     per = -(-len(cuts) // max(ranks, 1))
     room = [max(0, min(per, len(cuts) - r * per)) for r in range(max(ranks, 1))]
-    load, held = [0] * len(room), [[] for _ in room]
-    for cost, cut in sorted(((padded_tokens([c], lengths), c) for c in cuts), key=lambda pair: -pair[0]):
-        r = min((r for r in range(len(room)) if len(held[r]) < room[r]), key=lambda r: (load[r], r))
+    load = [0] * len(room)  # padded tokens per rank
+    held = [[] for _ in room]  # micro-batches per rank
+    by_cost = sorted(((padded_tokens([c], lengths), c) for c in cuts), key=lambda pair: -pair[0])
+    for cost, cut in by_cost:
+        with_room = (r for r in range(len(room)) if len(held[r]) < room[r])
+        r = min(with_room, key=lambda r: (load[r], r))
         held[r].append(cut)
         load[r] += cost
     return [cut for rank in held for cut in rank]
@@ -92,16 +96,19 @@ def bucket_experience_making(maker) -> dict[str, float]:
     Returns {EXPERIENCE_PADDING_SAVED: the last batch's share of padded tokens saved}."""
     from openrlhf.trainer.ppo_utils.experience import Experience
 
-    args, group = maker.strategy.args, maker.actor_model_group
+    args = maker.strategy.args
+    group = maker.actor_model_group
     ranks = len(group._actor_handlers) // group.duplicate_actors
-    split, stats = maker.split_rollout_samples, {}
+    split = maker.split_rollout_samples
+    stats = {}
 
     def split_rollout_samples(rollout_samples):
         if args.train.dynamic_batch_enable:
             return split(rollout_samples)
         for i, sample in enumerate(rollout_samples):
             sample.index = [i]
-        lengths, size = [s.sequences.shape[-1] for s in rollout_samples], args.rollout.micro_batch_size
+        lengths = [s.sequences.shape[-1] for s in rollout_samples]
+        size = args.rollout.micro_batch_size
         cuts = experience_micro_batches(lengths, size, ranks)
         plain = [list(range(len(lengths)))[i:i + size] for i in range(0, len(lengths), size)]
         stats[EXPERIENCE_PADDING_SAVED] = 1.0 - padded_tokens(cuts, lengths) / max(padded_tokens(plain, lengths), 1)

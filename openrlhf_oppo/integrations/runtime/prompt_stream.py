@@ -50,7 +50,8 @@ class GroupPrompts:
         self.lengths = fixed_lengths.from_env()  # task.fixed_lengths, as OpenRLHF's engines apply it
 
     def set_limits(self, max_tokens: int | None, max_len: int) -> None:
-        self.max_tokens, self.max_len = max_tokens, max_len
+        self.max_tokens = max_tokens
+        self.max_len = max_len
 
     def admit(self, group_id: int) -> tuple[str, list[int]]:
         """Read the next prompt for a new group: (prompt, prompt ids)."""

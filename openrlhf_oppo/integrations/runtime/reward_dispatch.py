@@ -214,7 +214,8 @@ class Scorers:
     streamed."""
 
     def __init__(self, reward: ScorerDispatcher, reference: ScorerDispatcher) -> None:
-        self.reward, self.reference = reward, reference
+        self.reward = reward
+        self.reference = reference
         self.all = (reward, reference)
 
     @property

@@ -139,10 +139,12 @@ class OppoRolloutActor(_BASE):
 
         sid = req.sample_id
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids) + list(req.held_ids))
-        finish_reason, error = "abort", None
+        finish_reason = "abort"
+        error = None
         response = list(req.held_ids) if req.reward_query is not None else None  # kept only to be scored
         last = None  # the finishing delta (token ids, logprobs, policy version), pushed once its reward is known
-        opened, decoded = timeline.RECORDER.open_sample("rollout"), 0
+        opened = timeline.RECORDER.open_sample("rollout")
+        decoded = 0
         self._outbox.begin(sid, len(req.held_ids))
         try:
             if params.max_tokens <= 0:  # its budget was used up before a restart: finished as it is
@@ -164,11 +166,12 @@ class OppoRolloutActor(_BASE):
                                                time.time()))
                         continue
                     reason = comp.finish_reason
-                    finish_reason = "length" if reason == "length" else "abort" if reason == "abort" else "stop"
+                    finish_reason = reason if reason in ("length", "abort") else "stop"
                     last = (array("i", comp.token_ids), logprobs, self._policy_version)
                     break
             if last is None:  # the stream ended without a finished output
-                finish_reason, last = "abort", (array("i"), None, self._policy_version)
+                finish_reason = "abort"
+                last = (array("i"), None, self._policy_version)
             reward = None
             if response is not None and finish_reason != "abort":
                 reward, error = await self._reward(req, response)

@@ -80,7 +80,8 @@ class _StreamingActor:
         else:
             auto = auto_kv_budget(model.config, param.dtype, param.device, share=scorers_per_host,
                                   forward_reserve_tokens=2 * MAX_BATCH_TOKENS)
-            kv_budget_tokens, how = auto.tokens, f"auto: {auto.how}"
+            kv_budget_tokens = auto.tokens
+            how = f"auto: {auto.how}"
         logger.info("OPPO streaming %s actor: KV budget %s tokens (%s)", self.lane, f"{kv_budget_tokens:,}", how)
         self.scorer = scorer_cls(model, kv_budget_tokens=kv_budget_tokens, max_batch_tokens=MAX_BATCH_TOKENS,
                                  **kwargs)
@@ -197,7 +198,8 @@ class StreamingRewardModelActor(_StreamingModelActor):
     """In OpenRLHF's reward group, in place of its `RewardModelActor`."""
 
     def init_model_from_pretrained(self, strategy, pretrain: str) -> None:
-        args, oppo = strategy.args, config_from_env()
+        args = strategy.args
+        oppo = config_from_env()
         if not isinstance(pretrain, str) or "," in pretrain:
             raise ValueError(f"--reward.model_name_or_path: OPPO streams into one reward model, got {pretrain!r}")
         t0 = time.time()
@@ -215,7 +217,8 @@ class StreamingReferenceModelActor(_StreamingModelActor):
     log-probs instead of calling `forward` (`reference.streamed_reference_forward`)."""
 
     def init_model_from_pretrained(self, strategy, pretrain: str) -> None:
-        args, oppo = strategy.args, config_from_env()
+        args = strategy.args
+        oppo = config_from_env()
         t0 = time.time()
         self.streaming = StreamingReferenceActor(
             pretrain, oppo.streaming.kv_budget_tokens, args.rollout.temperature, _cpu_actors(args.ref),

@@ -62,7 +62,8 @@ def seeded_rollouts_driver(module) -> None:
     each prompt's `SamplingParams` with (seed, step, slot) and return each step's
     samples in prompt order; optionally write them to OPPO_ROLLOUTS_JSONL."""
     cls = module.SamplesGenerator
-    dispatch, generate = cls._dispatch_prompts_to_vllm, cls.generate_samples
+    dispatch = cls._dispatch_prompts_to_vllm
+    generate = cls.generate_samples
     sampling_params = module.SamplingParams
 
     @functools.wraps(dispatch)
@@ -70,7 +71,8 @@ def seeded_rollouts_driver(module) -> None:
         if not self.args.train.full_determinism_enable:
             return dispatch(self, prompts, labels, images=images, **generate_kwargs)
         images = images if images is not None else [None] * len(prompts)
-        step, refs = getattr(self, "_oppo_step", 0), []
+        step = getattr(self, "_oppo_step", 0)
+        refs = []
         order = self.__dict__.setdefault("_oppo_order", [])  # this step's prompts, by slot
         for prompt, label, image in zip(prompts, labels, images, strict=False):
             slot = len(order)

@@ -141,21 +141,22 @@ class StepMeter:
 
     def _scorer_metrics(self, start: float, gen_s: float) -> dict[str, float]:
         # calls acknowledged by now; busy time summed over actors, clipped to the phase
-        end, p = start + gen_s, f"oppo/{self.name}_"
+        end = start + gen_s
+        prefix = f"oppo/{self.name}_"
         busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.scorer_busy)
-        out = {p + "idle_fraction": 1.0 - min(1.0, busy / max(gen_s * self.scorers, 1e-9))}
+        out = {prefix + "idle_fraction": 1.0 - min(1.0, busy / max(gen_s * self.scorers, 1e-9))}
         self.scorer_busy = [(a, b) for a, b in self.scorer_busy if b > end]
         # KV tokens held: each actor's most after a call this step, summed; an actor without a
         # reply this step still holds what it held after its latest call
-        out[p + "kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
-        out[p + "kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
+        out[prefix + "kv_tokens"] = float(sum(m for m, _ in self.scorer_kv_tokens.values()))
+        out[prefix + "kv_budget_tokens"] = float(self.scorer_kv_budget_tokens)
         self.scorer_kv_tokens = {idx: (last, last) for idx, (_, last) in self.scorer_kv_tokens.items()}
         # eviction thrash shows here: re-prefilled tokens near the prefilled ones mean the budget
         # holds fewer tokens than the sequences in flight (chunks arrive round-robin: LRU's worst case)
         evictions, reprefilled, oom_retries = self.scorer_step_counts
-        out[p + "evictions"] = float(evictions)
-        out[p + "reprefilled_tokens"] = float(reprefilled)
-        out[p + "oom_retries"] = float(oom_retries)
+        out[prefix + "evictions"] = float(evictions)
+        out[prefix + "reprefilled_tokens"] = float(reprefilled)
+        out[prefix + "oom_retries"] = float(oom_retries)
         self.scorer_step_counts = [0, 0, 0]
         return out
 

@@ -95,7 +95,8 @@ class StepWindow:
 
     def close(self) -> dict[str, float]:
         end = time.time()
-        start, self.start_s = self.start_s or end, end
+        start = self.start_s or end
+        self.start_s = end
         if self.tail is None:
             return {}
         idle = timeline.idle_fractions(self.tail.read(keep_after_s=start), start, end)

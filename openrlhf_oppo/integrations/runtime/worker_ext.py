@@ -23,7 +23,8 @@ class OppoWorkerWrap(WorkerWrap):
 
         from openrlhf_oppo.compat.weight_sync import reassemble
 
-        group, stream = self._model_update_group, torch.cuda.current_stream()
+        group = self._model_update_group
+        stream = torch.cuda.current_stream()
         for name, dtype, shape, numel in metas:
             if dtype != self.model_config.dtype:
                 raise ValueError(f"weight sync: {name} arrives as {dtype}, the engine runs {self.model_config.dtype}")
