@@ -34,12 +34,12 @@ def by_name(rows: list[dict]) -> dict[str, dict]:
 def four_schedules() -> dict[str, list[dict]]:
     # mean step s per repeat; ratios are exact in binary floating point
     return {"sync": runs(8.0, 12.0, 10.0), "oversample": runs(6.0, 6.0, 5.0),
-            "oppo-off": runs(9.0, 9.0, 9.0), "oppo": runs(4.0, 8.0, 4.0)}
+            "oppo-async-bg": runs(9.0, 9.0, 9.0), "oppo": runs(4.0, 8.0, 4.0)}
 
 
 def test_ratios_are_taken_repeat_by_repeat_against_every_openrlhf_mode():
     rows = by_name(schedules.report(four_schedules()))
-    assert list(rows) == ["sync", "oversample", "oppo-off", "oppo"]  # no oracle row
+    assert list(rows) == ["sync", "oversample", "oppo-async-bg", "oppo"]  # no oracle row
     oppo = rows["oppo"]
     assert set(oppo["x"]) == {"sync", "oversample"}  # one ratio per OpenRLHF mode present
     assert oppo["x"]["sync"] == (2.0, 1.5, 2.5)  # 8/4, 12/8, 10/4
@@ -64,12 +64,12 @@ def test_spread_is_max_minus_min_over_median_of_the_mean_step():
     assert rows["sync"]["spread"] == pytest.approx(0.4)  # (12 - 8) / 10
     assert rows["oversample"]["spread"] == pytest.approx(1 / 6)  # (6 - 5) / 6
     assert rows["oppo"]["spread"] == pytest.approx(1.0)  # (8 - 4) / 4
-    assert rows["oppo-off"]["spread"] == 0.0
+    assert rows["oppo-async-bg"]["spread"] == 0.0
 
 
 def test_verdict_sets_the_best_oppo_schedule_against_the_largest_spread():
     v = schedules.verdict(schedules.report(four_schedules()))
-    assert (v.best_oppo, v.best_openrlhf) == ("oppo", "oversample")  # oppo's median 4 < oppo-off's 9
+    assert (v.best_oppo, v.best_openrlhf) == ("oppo", "oversample")  # oppo's median 4 < oppo-async-bg's 9
     assert v.vs_sync == (2.0, 1.5, 2.5) and v.vs_best == (1.25, 0.75, 1.5)
     assert v.spread == pytest.approx(1.0)  # oppo's own, the largest of oppo, sync and oversample
     assert v.vs_sync_beyond_spread is False  # 1.5 - 1 = 0.5 <= 1.0
@@ -162,7 +162,7 @@ def test_one_repeat_leaves_the_spread_unknown(capsys):
 
 
 def test_no_openrlhf_mode_gives_no_ratio_and_no_verdict(capsys):
-    rows = schedules.report({"oppo": runs(4.0, 5.0), "oppo-off": runs(6.0, 6.0)})
+    rows = schedules.report({"oppo": runs(4.0, 5.0), "oppo-async-bg": runs(6.0, 6.0)})
     assert all(r["x"] == {} and r["x_best"] == (None, None, None) for r in rows)
     assert schedules.verdict(rows) == schedules.Verdict("oppo", None, (None,) * 3, (None,) * 3, None, None, None)
     schedules.print_report(rows)

@@ -10,6 +10,8 @@ from openrlhf_oppo.sim.drivers.oppo import OppoDriver
 from openrlhf_oppo.sim.presets import load_preset
 from openrlhf_oppo.sim.world import World
 
+# OpenRLHF's shuffled micro-batches and advantage loop under OPPO (--oppo.train.*)
+PADDED = ["oppo.train.length_buckets=false", "oppo.train.vectorized_advantages=false"]
 PER_POSITION = ["efficiency.advantage_loop_s_per_token=0.001", "efficiency.advantage_vectorized_s_per_token=0.0001"]
 
 
@@ -27,18 +29,20 @@ def test_advantage_seconds_hand_computed():
         lengths) == 0.0  # not modelled
 
 
-def test_make_experience_carries_the_loop_for_oppo_padded_and_not_for_oppo():
+def test_make_experience_carries_the_loop_with_oppos_train_settings_off_and_not_for_oppo():
     costs = {}
+    runs = {"sync": ("sync", []), "oppo": ("oppo", []), "padded": ("oppo", PADDED)}
     for sets in ([], PER_POSITION):
-        cfg = load_preset("cpu-longtail", ["workload.seeds=1", *sets])
-        assert OppoDriver(cfg, cost_model.build(cfg), 0, "oppo").vectorized_advantages
-        assert not OppoDriver(cfg, cost_model.build(cfg), 0, "oppo-padded").vectorized_advantages
-        for schedule in ("sync", "oppo", "oppo-padded"):
+        for run, (schedule, settings) in runs.items():
+            cfg = load_preset("cpu-longtail", ["workload.seeds=1", *sets, *settings])
+            if schedule == "oppo":
+                driver = OppoDriver(cfg, cost_model.build(cfg), 0, schedule)
+                assert driver.vectorized_advantages is (run == "oppo")
             res = drivers.simulate(cfg, cost_model.build(cfg), schedule, 0)
             spans = [r["t1"] - r["t0"] for r in res.rows
                      if r["kind"] == "span" and r["role"] == "driver" and r["stage"] == "make_experience"]
-            costs[schedule, bool(sets)] = sum(spans) / len(spans)
-    added = {s: costs[s, True] - costs[s, False] for s in ("sync", "oppo", "oppo-padded")}
+            costs[run, bool(sets)] = sum(spans) / len(spans)
+    added = {run: costs[run, True] - costs[run, False] for run in runs}
     # a straggler-bound step's loop spans hundreds of positions at 1 ms; the whole-tensor one a tenth of it
-    assert added["sync"] > 0.2 and added["oppo-padded"] > 0.2
-    assert 0 < added["oppo"] < 0.2 * added["oppo-padded"]
+    assert added["sync"] > 0.2 and added["padded"] > 0.2
+    assert 0 < added["oppo"] < 0.2 * added["padded"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from openrlhf_oppo.core.types import TrainBatch
+from openrlhf_oppo.integrations.launch import schedules as launch_schedules
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import drivers
 from openrlhf_oppo.sim.presets import load_preset
@@ -99,10 +100,19 @@ def test_disaggregated_async_admission_shortens_the_step_at_the_preset_lengths(s
     assert mean["oppo-async"] < 0.9 * mean["oppo"]
 
 
-def test_the_simulator_lists_the_async_and_eq4_schedules():
-    assert {"oppo-async", "oppo-eq4"} <= set(drivers.SCHEDULE_NAMES)
-    res = make_driver(schedule="oppo-eq4").run()
-    assert res.reports[0].lag_tokens["3+"] == 0 and len(res.steps) == 8
+def test_the_simulator_lists_oppos_schedules_and_one_registered_beside_them(monkeypatch):
+    assert drivers.oppo_schedules() == ("oppo", "oppo-async", "oppo-async-bg")
+    assert drivers.schedule_names() == (*drivers.BASELINES, *drivers.oppo_schedules())
+    monkeypatch.setattr(launch_schedules, "REGISTERED", {})  # the table as it was, after the test
+    launch_schedules.register(launch_schedules.Schedule("eq4-registered", "OPPO with the eq. 4 Δ rule",
+                                                        entry_module=launch_schedules.OPPO_ENTRY,
+                                                        oppo={"delta": {"rule": "eq4"}}))
+    assert drivers.schedule_names()[-1] == "eq4-registered"
+    for schedule, sets in (("eq4-registered", ()), ("oppo", ("delta.rule=eq4",))):
+        driver = make_driver(*sets, schedule=schedule)
+        assert driver.sched.config.delta.rule == "eq4"
+        res = driver.run()
+        assert res.reports[0].lag_tokens["3+"] == 0 and len(res.steps) == 8
 
 
 def test_a_lag_given_with_set_reaches_a_schedule_that_sets_its_own():
@@ -113,8 +123,9 @@ def test_a_lag_given_with_set_reaches_a_schedule_that_sets_its_own():
     lag3 = make_driver(*DISAGGREGATED, *HEAVY_TAIL, "staleness.max_policy_lag=3")
     assert lag3.sched.config.staleness.max_policy_lag == 3
     assert lag3.sched.config.streaming == plain.sched.config.streaming
-    inter = make_driver(*DISAGGREGATED, "staleness.max_policy_lag=3", schedule="oppo-async-inter")
-    assert (inter.sched.config.staleness.max_policy_lag, inter.sched.config.streaming.enable) == (3, False)
+    bg = make_driver(*DISAGGREGATED, "staleness.max_policy_lag=3", schedule="oppo-async-bg")
+    assert (bg.sched.config.staleness.max_policy_lag, bg.sched.config.streaming.enable) == (3, False)
+    assert bg.sched.config.staleness.background_sync
     res, batches = run_capturing_batches(lag3)
     assert max(b.max_lag for b in batches) <= 3
     assert any(b.max_lag == 3 for b in batches)  # the heavy tail uses the room the bound gives

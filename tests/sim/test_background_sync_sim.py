@@ -12,17 +12,20 @@ from openrlhf_oppo.sim import drivers, layouts, memory
 from openrlhf_oppo.sim.presets import load_preset
 
 SMALL = ["workload.steps=8", "workload.seeds=1"]  # B = 112: the trainer bounds the step (preset lengths)
-# 1 vLLM / 7 DeepSpeed devices with the reward model among them (oppo-async-inter's best at 7B)
+# 1 vLLM / 7 DeepSpeed devices with the reward model among them (async admission without streaming: its best
+# layout at 7B)
 SPLIT = ["split.colocate=false", "split.generate_gpus=1", "split.train_gpus=7", "split.score_gpus=0",
          "split.reward_with_train=true"]
 BACKGROUND = "staleness.background_sync=true"
+NO_STREAMING = "streaming.enable=false"  # OpenRLHF's reward forward: the reward model among the DeepSpeed models
 
 
-def run(*sets: str, schedule: str = "oppo-async-inter") -> tuple[drivers.RunResult, cost_model.CostModel]:
-    cfg, why = layouts.check(load_preset("paper-7b-h200", [*SMALL, *SPLIT, *sets]), schedule)
+def run(*sets: str) -> tuple[drivers.RunResult, cost_model.CostModel]:
+    """`oppo-async` without streaming in SPLIT, with `sets`."""
+    cfg, why = layouts.check(load_preset("paper-7b-h200", [*SMALL, *SPLIT, NO_STREAMING, *sets]), "oppo-async")
     assert why == []
     costs = cost_model.build(cfg)
-    return drivers.simulate(cfg, costs, schedule, 0), costs
+    return drivers.simulate(cfg, costs, "oppo-async", 0), costs
 
 
 def spans(res: drivers.RunResult, role: str, stage: str) -> list[tuple[float, float]]:
@@ -61,14 +64,16 @@ def test_lag_bound_and_ledger_hold_and_the_step_shortens():
 def test_without_async_admission_the_setting_changes_nothing():
     ends = []
     for sets in ([BACKGROUND], []):
-        cfg = load_preset("paper-7b-h200", [*SMALL, *sets])  # the paper's colocated layout
-        ends.append([s.sync_end_s for s in drivers.simulate(cfg, cost_model.build(cfg), "oppo-inter", 0).steps])
+        cfg = load_preset("paper-7b-h200", [*SMALL, NO_STREAMING, *sets])  # the paper's colocated layout
+        ends.append([s.sync_end_s for s in drivers.simulate(cfg, cost_model.build(cfg), "oppo", 0).steps])
     assert ends[0] == ends[1]
 
 
 def test_the_buffer_is_a_whole_copy_of_the_actor_on_the_training_devices():
     cfg = load_preset("paper-7b-h200", [*SPLIT, BACKGROUND])
-    assert layouts.syncs_in_background(cfg, "oppo-async-inter") and not layouts.syncs_in_background(cfg, "oppo")
+    assert layouts.syncs_in_background(cfg, "oppo-async") and not layouts.syncs_in_background(cfg, "oppo")
+    plain = load_preset("paper-7b-h200", SPLIT)
+    assert layouts.syncs_in_background(plain, "oppo-async-bg") and not layouts.syncs_in_background(plain, "oppo-async")
     items = dict(memory.training_items(cfg, sync_buffer=True))
     assert items["weight-sync buffer"] == cfg.actor.weight_bytes
     assert "weight-sync buffer" not in dict(memory.training_items(cfg))

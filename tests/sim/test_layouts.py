@@ -92,30 +92,36 @@ def test_reward_with_train_is_a_make_experience_stage_not_a_reward_server_call()
     assert ("reward", "rewards") in stages and ("reward", "score") not in stages
 
 
-@pytest.mark.parametrize(("schedule", "split", "refused"), [
-    ("async", {"colocate": True}, "own devices"),
-    ("oversample", {"colocate": True}, "own devices"),
-    ("oppo", {"colocate": True, "sleep": True, "score_gpus": 0}, None),  # the hybrid engine, reward actors beside
-    ("oppo-inter", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
-    ("async", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, "Async RLHF"),
-    ("partial", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, "Async RLHF"),
-    ("oppo-async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "streaming reward actors"),
-    ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True, "critic_gpus": 1}, None),
-    ("oppo-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "devices of their own"),
+INTER = ("streaming.enable=false",)  # carry-over only: OpenRLHF's reward forward
+
+
+@pytest.mark.parametrize(("schedule", "sets", "split", "refused"), [
+    ("async", (), {"colocate": True}, "own devices"),
+    ("oversample", (), {"colocate": True}, "own devices"),
+    ("oppo", (), {"colocate": True, "sleep": True, "score_gpus": 0}, None),  # the hybrid engine, reward actors beside
+    ("oppo", INTER, {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
+    ("async", (), {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, "Async RLHF"),
+    ("partial", (), {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, "Async RLHF"),
+    ("oppo-async", (), {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "streaming reward actors"),
+    ("oppo", INTER, {"colocate": False, "score_gpus": 0, "reward_with_train": True, "critic_gpus": 1}, None),
+    ("oppo", INTER, {"colocate": False, "score_gpus": 0, "reward_with_train": True}, "devices of their own"),
     # async admission in OpenRLHF's async layout (--train.colocate_all --train.async_enable)
-    ("oppo-async-inter", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
-    ("oppo-async-inter", {"colocate": False, "score_gpus": 1}, "devices of their own"),
-    ("sync", {"colocate": False, "score_gpus": 1}, "devices of their own"),  # the critic beside the actor
-    ("partial", {"colocate": False, "score_gpus": 1}, "devices of their own"),
-    ("oppo", {"colocate": False, "score_gpus": 1, "critic_gpus": 2}, None),
-    ("sync", {"colocate": True, "score_gpus": 0}, "colocate_all"),
-    ("oppo-inter", {"colocate": True, "score_gpus": 0}, "colocate_all"),
-    ("sync", {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
-    ("async", {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
-    ("oppo", {"colocate": True, "score_gpus": 0}, None),
+    ("oppo-async", INTER, {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
+    ("oppo-async", INTER, {"colocate": False, "score_gpus": 1}, "devices of their own"),
+    ("oppo-async-bg", (), {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
+    ("oppo-async-bg", (), {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True},
+     "async admission"),
+    ("sync", (), {"colocate": False, "score_gpus": 1}, "devices of their own"),  # the critic beside the actor
+    ("partial", (), {"colocate": False, "score_gpus": 1}, "devices of their own"),
+    ("oppo", (), {"colocate": False, "score_gpus": 1, "critic_gpus": 2}, None),
+    ("sync", (), {"colocate": True, "score_gpus": 0}, "colocate_all"),
+    ("oppo", INTER, {"colocate": True, "score_gpus": 0}, "colocate_all"),
+    ("sync", (), {"colocate": True, "sleep": True, "score_gpus": 0, "reward_with_train": True}, None),
+    ("async", (), {"colocate": False, "score_gpus": 0, "reward_with_train": True}, None),
+    ("oppo", (), {"colocate": True, "score_gpus": 0}, None),
 ])
-def test_rules_of_openrlhf_and_oppo(schedule, split, refused):
-    cfg = presets.load_preset("paper-7b-h200")
+def test_rules_of_openrlhf_and_oppo(schedule, sets, split, refused):
+    cfg = presets.load_preset("paper-7b-h200", sets)
     why = layouts.rule(schedule, dataclasses.replace(presets.Split(), **split), layouts.streams_reward(cfg, schedule),
                        async_admission=layouts.admits_async(cfg, schedule))
     assert (why is None) if refused is None else (refused in why)
@@ -123,7 +129,7 @@ def test_rules_of_openrlhf_and_oppo(schedule, split, refused):
 
 def test_an_oppo_schedule_streams_rewards_unless_streaming_is_off():
     cfg = presets.load_preset("paper-7b-h200")
-    assert layouts.streams_reward(cfg, "oppo") and not layouts.streams_reward(cfg, "oppo-inter")
+    assert layouts.streams_reward(cfg, "oppo") and not layouts.streams_reward(cfg, "oppo-async-bg")
     assert not layouts.streams_reward(cfg, "sync")
     assert not layouts.streams_reward(presets.load_preset("paper-7b-h200", ["streaming.enable=false"]), "oppo")
 

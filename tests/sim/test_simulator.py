@@ -9,6 +9,17 @@ from openrlhf_oppo.sim import drivers, engine
 from openrlhf_oppo.sim.presets import load_preset
 
 SMALL = ["workload.steps=8", "workload.seeds=1"]
+# OPPO's schedules, then `oppo` and `oppo-async` with one part switched off or changed by their settings
+SETTINGS = {
+    "fixed-delta": ("oppo", ("delta.adaptive=false",)),
+    "streaming-only": ("oppo", ("delta.enable=false",)),
+    "carry-over-only": ("oppo", ("streaming.enable=false",)),
+    "eq4": ("oppo", ("delta.rule=eq4",)),
+    "padded": ("oppo", ("oppo.train.length_buckets=false", "oppo.train.vectorized_advantages=false")),
+    "async-carry-over-only": ("oppo-async", ("streaming.enable=false",)),
+}
+OPPO_RUNS = {**{s: (s, ()) for s in drivers.oppo_schedules()}, **SETTINGS}
+RUNS = {**{s: (s, ()) for s in drivers.schedule_names()}, **SETTINGS}
 
 
 def small(*sets: str, preset: str = "cpu-longtail"):
@@ -20,11 +31,12 @@ def small(*sets: str, preset: str = "cpu-longtail"):
 # check: tests/core/test_scheduler.py::test_core_and_simulator_import_without_heavy_dependencies
 
 
-@pytest.mark.parametrize("schedule", drivers.OPPO_SCHEDULES)
+@pytest.mark.parametrize("run", OPPO_RUNS)
 @pytest.mark.parametrize("preset", ["cpu-longtail", "paper-7b-h200"])
-def test_every_admitted_group_is_trained_exactly_once_or_held_at_the_end(schedule, preset):
+def test_every_admitted_group_is_trained_exactly_once_or_held_at_the_end(run, preset):
+    schedule, settings = OPPO_RUNS[run]
     sets = ["workload.batch_groups=16", "delta.max=16"] if preset != "cpu-longtail" else []
-    cfg, costs = small(*sets, preset=preset)
+    cfg, costs = small(*sets, *settings, preset=preset)
     res = drivers.simulate(cfg, costs, schedule, seed=3)
     trained = res.trained_group_ids
     assert len(trained) == len(set(trained)) == cfg.workload.steps * cfg.workload.batch_groups
@@ -32,8 +44,9 @@ def test_every_admitted_group_is_trained_exactly_once_or_held_at_the_end(schedul
     assert set(trained) | set(res.held_groups) == set(range(res.admitted_groups))
 
 
-@pytest.mark.parametrize("schedule", drivers.SCHEDULE_NAMES)
-def test_simulated_time_is_monotone(schedule, monkeypatch):
+@pytest.mark.parametrize("run", RUNS)
+def test_simulated_time_is_monotone(run, monkeypatch):
+    schedule, settings = RUNS[run]
     seen: list[float] = []
     original_at = engine.EventLoop.at
 
@@ -44,7 +57,7 @@ def test_simulated_time_is_monotone(schedule, monkeypatch):
         original_at(self, t_s, traced, *args)
 
     monkeypatch.setattr(engine.EventLoop, "at", at)
-    cfg, costs = small()
+    cfg, costs = small(*settings)
     res = drivers.simulate(cfg, costs, schedule, seed=1)
     assert seen and all(a <= b for a, b in zip(seen, seen[1:]))
     for r in res.steps:
@@ -85,15 +98,15 @@ def test_a_run_repeats_bit_for_bit_with_its_seed():
 
 def test_overcommit_trains_first_b_and_carries_the_rest():
     cfg, costs = small("delta.adaptive=false", "delta.init=8")
-    res = drivers.simulate(cfg, costs, "oppo-fixed", seed=2)
+    res = drivers.simulate(cfg, costs, "oppo", seed=2)
     assert all(len(r.prompt_indices) == cfg.workload.batch_groups for r in res.steps)
     assert any(r.deferred_fraction > 0 for r in res.steps)  # some groups were carried into a later step
 
 
 def test_streaming_moves_reward_scoring_off_the_critical_path():
-    cfg, costs = small(preset="paper-7b-h200")
+    cfg, costs = small("delta.enable=false", preset="paper-7b-h200")  # streaming only
     sync = drivers.summarize(drivers.simulate(cfg, costs, "sync", 0), cfg.workload.warmup_steps)
-    intra = drivers.summarize(drivers.simulate(cfg, costs, "oppo-intra", 0), cfg.workload.warmup_steps)
+    intra = drivers.summarize(drivers.simulate(cfg, costs, "oppo", 0), cfg.workload.warmup_steps)
     assert intra["mean_step_s"] < sync["mean_step_s"]
 
 

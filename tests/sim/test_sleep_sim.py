@@ -17,15 +17,15 @@ SMALL = ["workload.steps=8", "workload.warmup_steps=2", "workload.seeds=1", "wor
          "delta.max=16", "lengths.std_tokens=1000", "lengths.cap_tokens=4096", "workload.gradient_checkpointing=true"]
 ASLEEP = ["split.colocate=true", "split.sleep=true", "split.generate_gpus=8", "split.train_gpus=8",
           "split.tensor_parallel=2", "split.score_gpus=0"]  # streaming reward actors beside the engines
+# carry-over only: OpenRLHF's reward forward, its reward model among the DeepSpeed models
+INTER = ["streaming.enable=false", "split.reward_with_train=true"]
 
 
-def make_driver(*sets: str, schedule: str = "oppo") -> drivers.OppoDriver:
+def make_driver(*sets: str) -> drivers.OppoDriver:
     cfg = load_preset("paper-7b-h200", [*SMALL, *ASLEEP, *sets])
-    if schedule == "oppo-inter":  # OpenRLHF's reward model among the DeepSpeed models
-        cfg = dataclasses.replace(cfg, split=dataclasses.replace(cfg.split, reward_with_train=True))
-    cfg, why = layouts.check(cfg, schedule)
+    cfg, why = layouts.check(cfg, "oppo")
     assert why == []
-    return drivers.OppoDriver(cfg, cost_model.build(cfg), 0, schedule)
+    return drivers.OppoDriver(cfg, cost_model.build(cfg), 0, "oppo")
 
 
 def hand_costs() -> cost_model.CostModel:
@@ -81,9 +81,9 @@ def test_each_stopped_sample_pays_a_prefill_of_prompt_plus_the_tokens_the_schedu
         assert r["t1"] - r["t0"] >= prefill.prefill_s([(0, r["tokens"])]) - 1e-9
 
 
-@pytest.mark.parametrize("schedule", ["oppo", "oppo-inter"])
-def test_nothing_decodes_between_the_batch_and_the_wake(schedule):
-    drv = make_driver(schedule=schedule)
+@pytest.mark.parametrize("sets", [[], INTER], ids=["oppo", "carry-over-only"])
+def test_nothing_decodes_between_the_batch_and_the_wake(sets):
+    drv = make_driver(*sets)
     marks: list[int] = []
     batch_ready, synced = drv.batch_ready, drv._synced
 
@@ -105,9 +105,9 @@ def test_nothing_decodes_between_the_batch_and_the_wake(schedule):
     assert offload and offload == pytest.approx([memory.sleep_transfer_s(drv.cfg)] * len(offload))
 
 
-@pytest.mark.parametrize("schedule", ["oppo", "oppo-inter"])
-def test_every_admitted_group_is_trained_exactly_once_or_held_at_the_end_asleep(schedule):
-    res = make_driver(schedule=schedule).run()
+@pytest.mark.parametrize("sets", [[], INTER], ids=["oppo", "carry-over-only"])
+def test_every_admitted_group_is_trained_exactly_once_or_held_at_the_end_asleep(sets):
+    res = make_driver(*sets).run()
     trained = res.trained_group_ids
     assert len(trained) == len(set(trained)) == 8 * 16
     assert not set(trained) & set(res.held_groups)

@@ -11,7 +11,7 @@ from openrlhf_oppo.sim.streamer import TrainStreamer
 from openrlhf_oppo.sim.world import World
 
 SHORT = ["workload.steps=7", "workload.warmup_steps=2", "workload.seeds=1", "workload.batch_groups=32",
-         "delta.init=8", "delta.max=16"]
+         "delta.init=8", "delta.max=16", "delta.adaptive=false"]  # Δ fixed at delta.init
 SPLIT = ["split.colocate=false", "split.generate_gpus=2", "split.train_gpus=5", "split.score_gpus=1"]
 
 
@@ -19,7 +19,7 @@ def _spans(run, role, stage):
     return [(r["t0"], r["t1"]) for r in run.rows if r["kind"] == "span" and r["role"] == role and r["stage"] == stage]
 
 
-def _run(sets, schedule="oppo-fixed"):
+def _run(sets, schedule="oppo"):
     cfg = presets.load_preset("paper-7b-h200", [*SHORT, *sets])
     return cfg, simulate(cfg, cost_model.build(cfg), schedule, 0)
 

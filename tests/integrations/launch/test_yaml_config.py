@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from openrlhf_oppo.config import ASYNC_POLICY_LAG
 from openrlhf_oppo.integrations.launch import schedules, yaml_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -70,19 +71,26 @@ def test_schedule_table_maps_to_openrlhf_modes():
     }
 
 
-def test_oppo_schedules_run_oppos_entry_point_with_their_overrides():
-    for name in ("oppo", "oppo-intra", "oppo-inter"):
+def test_oppo_schedules_run_oppos_entry_point_with_the_section_and_their_overrides():
+    for name in ("oppo", "oppo-async", "oppo-async-bg"):
         assert schedules.check(name).entry_module == "openrlhf_oppo.cli.train_ppo_ray"
     from openrlhf_oppo.cli.train_ppo_ray import parse
 
     section = {"delta": {"init": 1, "max": 2}, "chunk": {"size_tokens": 8}}
-    cfg, rest = parse(schedules.oppo_argv("oppo-intra", section))
+    intra = {**section, "delta": {**section["delta"], "enable": False}}  # streaming only
+    cfg, rest = parse(schedules.oppo_argv("oppo", intra))
     assert rest == [] and cfg.delta.enable is False and cfg.delta.init == 1 and cfg.chunk.size_tokens == 8
     assert cfg.streaming.enable is True
-    cfg, _ = parse(schedules.oppo_argv("oppo-inter", section))
+    cfg, _ = parse(schedules.oppo_argv("oppo", {**section, "streaming": {"enable": False}}))  # carry-over only
     assert cfg.streaming.enable is False and cfg.delta.enable is True
     cfg, _ = parse(schedules.oppo_argv("oppo", section))
-    assert cfg.streaming.enable and cfg.delta.enable and cfg.delta.max == 2
+    assert cfg.streaming.enable and cfg.delta.enable and cfg.delta.max == 2 and cfg.staleness.max_policy_lag == 0
+    cfg, _ = parse(schedules.oppo_argv("oppo-async", section))
+    assert cfg.streaming.enable and cfg.staleness.max_policy_lag == ASYNC_POLICY_LAG and cfg.delta.max == 2
+    cfg, _ = parse(schedules.oppo_argv("oppo-async-bg", {**section, "streaming": {"enable": True}}))
+    assert cfg.streaming.enable is False  # the schedule's own settings over the section's
+    assert cfg.staleness.background_sync and cfg.staleness.max_policy_lag == ASYNC_POLICY_LAG
+    assert cfg.delta.init == 1 and cfg.chunk.size_tokens == 8
     assert schedules.oppo_argv("sync", section) == []  # OpenRLHF's schedules ignore the section
 
 

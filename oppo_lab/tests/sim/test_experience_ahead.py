@@ -13,6 +13,7 @@ from openrlhf_oppo.sim import layouts, presets
 from openrlhf_oppo.sim.drivers import simulate
 from openrlhf_oppo.sim.streamer import ExperienceAhead
 from openrlhf_oppo.sim.world import World
+from oppo_lab import schedules  # noqa: F401 (registers the ablations)
 
 SHORT = ["workload.steps=7", "workload.warmup_steps=2", "workload.seeds=1", "workload.batch_groups=32",
          "delta.init=8", "delta.max=16"]
