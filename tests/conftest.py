@@ -1,9 +1,21 @@
 """Shared test set-up. Test folders have no __init__.py (OpenRLHF's wheel ships a
-top-level `tests` package); pytest runs with --import-mode=importlib."""
+top-level `tests` package); pytest runs with --import-mode=importlib.
+
+No test waits forever on a build lock: every process a test starts builds DeepSpeed's
+ops in the project cache, as a run's processes do (not in torch's default folder, where
+a killed build's lock hung a later session), this process with the stale-lock handling
+(`compat.caches.use_project_cache`).
+"""
 
 from __future__ import annotations
 
 import pytest
+
+
+def pytest_configure(config):
+    from openrlhf_oppo.compat import caches
+
+    caches.use_project_cache()
 
 
 def _cuda_available() -> bool:

@@ -3,6 +3,9 @@
 TorchInductor, Triton, DeepSpeed's JIT-built ops (`torch.utils.cpp_extension`) and
 vLLM's compile cache live in a per-user project cache (`CACHE_DIR`), not in the
 shared system temp dir, and every process of a run gets the variables (`cache_env`).
+A process that starts op-building processes itself, not through `openrlhf-oppo train`
+(the ZeRO-3 check, the test session), calls `use_project_cache` first, and each
+worker it starts calls it again.
 
 TorchInductor links a kernel straight to its final path (`g++ ... -o <key>.main.so`)
 and later trusts any file at that path, so a run ended mid-compile can leave a
@@ -14,7 +17,9 @@ torch's `cpp_extension` (DeepSpeed's JIT-built ops) serialises builds with a loc
 that records no owner and is waited on forever, so a build killed mid-way hangs every
 later build of that op, even one already waiting. `stamp_build_batons` (installed in
 every process of a run) stamps the holder into the file, and a waiter that finds the
-holder gone removes the lock and builds the op itself.
+holder gone removes the lock and builds the op itself; a lock whose holder cannot be
+judged here (no stamp, or another host's) ends the wait after `BUILD_LOCK_WAIT_S`
+with an error naming the file.
 """
 
 from __future__ import annotations
@@ -30,13 +35,13 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from openrlhf_oppo.compat.env import CACHE_DIR
 from openrlhf_oppo.compat.patches import TORCH_VERSION
-from openrlhf_oppo.hooks import Patch
+from openrlhf_oppo.hooks import Patch, install_hooks
 
 # variable -> folder under the project cache
 CACHE_VARS = {
@@ -52,6 +57,9 @@ _TMP_FILE = re.compile(r"\.(\d+)(?:\.\d+)?\.tmp$")  # Inductor `.{pid}.{tid}.tmp
 _TMP_DIR = re.compile(r"^tmp\.pid_(\d+)_")  # Triton's `tmp.pid_{pid}_{uuid}` staging dirs
 _BUILD_DIR_SUFFIX = "_CxxBuild"  # Inductor's per-kernel compile cwd, removed after a finished build
 _BATON = "lock"  # torch.utils.file_baton: cpp_extension builds wait while this file exists
+# How long a build waits on a lock whose holder cannot be judged here (no stamp: a writer
+# without `stamp_build_batons`; or another host's): longer than any op build takes.
+BUILD_LOCK_WAIT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,18 @@ def cache_env(base: Mapping[str, str], root: Path | None = None) -> dict[str, st
         if value and not (var == "TORCHINDUCTOR_CACHE_DIR" and _is_inductor_default(value)):
             env[var] = value
     return env
+
+
+def use_project_cache(environ: MutableMapping[str, str] | None = None, root: Path | None = None) -> None:
+    """Op builds of this process, and of every process it starts from now on, go to the
+    project cache (`cache_env` into `environ`, default this process's environment) and
+    this process builds with the stale-lock handling (`stamp_build_batons`, installed
+    here: a worker the caller starts calls this function itself, before DeepSpeed builds
+    anything). What `openrlhf-oppo train` gives every process of a run, for a process
+    that starts its workers itself. Idempotent."""
+    environ = os.environ if environ is None else environ
+    environ.update(cache_env(environ, root))
+    install_hooks(PATCHES)
 
 
 def cache_dirs(env: Mapping[str, str], root: Path | None = None) -> list[Path]:
@@ -171,13 +191,15 @@ class StaleBuildLock(RuntimeError):
     """A build lock's holder is gone (removed by the waiter, which builds instead)."""
 
 
-def stamp_build_batons(cpp_extension) -> None:
+def stamp_build_batons(cpp_extension, lock_wait_s: float = BUILD_LOCK_WAIT_S) -> None:
     """torch 2.13 `torch.utils.cpp_extension`: `_jit_compile` takes a `FileBaton` lock
     file (O_EXCL) to build, and other processes `wait` while it exists, forever. Here
     the holder's stamp (host, pid, process start time) is written into the file; a
     waiter that finds the holder gone removes the lock and builds the op itself
-    (`_jit_compile` again). An unstamped lock (a writer without this patch) is waited
-    on as torch waits."""
+    (`_jit_compile` again). A lock whose holder cannot be judged (unstamped: a writer
+    without this patch; or another host's) is waited on for `lock_wait_s`, then the
+    build fails with a `TimeoutError` naming the file (`validate` removes an unstamped
+    one before the next run)."""
     cls = cpp_extension.FileBaton
     original_acquire, original_compile = cls.try_acquire, cpp_extension._jit_compile
 
@@ -193,11 +215,17 @@ def stamp_build_batons(cpp_extension) -> None:
         return acquired
 
     def wait(self) -> None:
+        deadline = time.monotonic() + lock_wait_s
         while os.path.exists(self.lock_file_path):
-            if baton_holder_gone(Path(self.lock_file_path)):
+            lock = Path(self.lock_file_path)
+            if baton_holder_gone(lock):
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.lock_file_path)
-                raise StaleBuildLock(self.lock_file_path)
+                    os.remove(lock)
+                raise StaleBuildLock(lock)
+            if time.monotonic() > deadline and not _holder_alive_here(lock):
+                holder = _head(lock, 512).decode(errors="replace").strip() or "no holder recorded"
+                raise TimeoutError(f"waited {lock_wait_s:.0f}s for the build lock {lock} ({holder}); if no build "
+                                   "of this op is running, remove the file")
             time.sleep(self.wait_seconds)
 
     @functools.wraps(original_compile)
@@ -225,14 +253,27 @@ def baton_holder_gone(lock: Path) -> bool:
     """Whether `lock` carries the stamp of a process on this host that no longer runs
     (a pid reused since has another start time). False for unstamped locks and locks
     held on other hosts (a cache on a shared file system)."""
+    holder = _holder(lock)
+    if holder is None or holder[0] != socket.gethostname():
+        return False
+    host, pid, started = holder
+    return not _pid_alive(pid) or _stamp(pid) != f"{host} {pid} {started}"
+
+
+def _holder_alive_here(lock: Path) -> bool:
+    """Whether `lock` carries the stamp of a process on this host that still runs (its
+    build goes on: waited on without a bound, its end or death ends the wait)."""
+    holder = _holder(lock)
+    return holder is not None and holder[0] == socket.gethostname() and not baton_holder_gone(lock)
+
+
+def _holder(lock: Path) -> tuple[str, int, str] | None:
+    """The stamp in `lock`: (host, pid, start time); None where it holds none."""
     try:
         host, pid, started = _head(lock, 512).decode().split()
-        pid = int(pid)
+        return host, int(pid), started
     except ValueError:
-        return False
-    if host != socket.gethostname():
-        return False
-    return not _pid_alive(pid) or _stamp(pid) != f"{host} {pid} {started}"
+        return None
 
 
 def _stamp(pid: int) -> str:
@@ -342,7 +383,8 @@ def prebuild_ops() -> None:
     """Build DeepSpeed's CPU Adam into the project cache now (`scripts/install.sh` on the CPU
     stack), as the trainers' processes would on first use: about 1-2.5 min, which a first run
     or `openrlhf-oppo prepare` then does not spend."""
-    os.environ.update(cache_env(os.environ))
+    use_project_cache()
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
-    CPUAdamBuilder().load()
+    with in_use(os.environ):  # a lock a killed build left is removed first
+        CPUAdamBuilder().load()
