@@ -152,9 +152,10 @@ def launch(
     env: dict[str, str] | None = None,
 ) -> RunResult:
     """Run the child to its end. ``fresh``: clear the per-run logs first (a restart
-    appends to them). On SIGTERM/SIGINT: with ``graceful_stop`` (OPPO schedules) the
-    current step ends, a checkpoint with the carried samples is written and the run
-    stops; otherwise the child gets SIGINT. A second signal ends the run at once. ``env``: more
+    appends to them). On SIGTERM/SIGINT (unless the process's owner handles them, see
+    `_handle_signals`): with ``graceful_stop`` (OPPO schedules) the current step ends, a
+    checkpoint with the carried samples is written and the run stops; otherwise the child
+    gets SIGINT. A second signal ends the run at once. ``env``: more
     variables for the run's processes (e.g. OPPO_FIXED_LENGTHS)."""
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.stop_file.unlink(missing_ok=True)
@@ -340,13 +341,17 @@ class _Follower:
 
 
 def _handle_signals(handler) -> dict:
-    """Install ``handler`` for SIGTERM and SIGINT; the previous handlers, to restore with
-    `_restore_signals`. Only the main thread can: elsewhere (a helper thread) nothing changes."""
+    """Install ``handler`` for SIGTERM and SIGINT where this process handles them as Python
+    does by default; the previous handlers, to restore with `_restore_signals`. A handler
+    the process's owner installed stays (a test session ends on SIGTERM, and `launch`'s
+    clean-up then ends the run's processes). Only the main thread can: elsewhere (a helper
+    thread) nothing changes."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    return {sig: signal.signal(sig, handler) for sig, default in defaults.items() if signal.getsignal(sig) == default}
 
 
 def _restore_signals(previous: dict) -> None:
