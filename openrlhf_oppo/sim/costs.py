@@ -1,7 +1,7 @@
 """Cost model: seconds for a decode iteration, a prefill call, make_experience, training, a sync.
 
 Built from a preset either by a roofline (hardware x model shape x efficiencies) or
-from measured coefficients (`Costs`, e.g. a CPU machine's, written by `simulate
+from measured coefficients (`Costs`, e.g. a CPU machine's, written by `python -m oppo_lab
 calibrate`). Everything the simulator charges goes through `CostModel`.
 
 Decode (one engine iteration, every running sequence gets one token; memory-bandwidth
@@ -79,7 +79,8 @@ class CostModel:
         the sum of `decode_step_s`, in closed form (the max() switches at most once)."""
         if steps <= 0:
             return 0.0
-        kv, comp = self.decode_kv_read_per_token_s, self.decode_compute_per_seq_s * batch
+        kv = self.decode_kv_read_per_token_s
+        comp = self.decode_compute_per_seq_s * batch
         mem0 = self.decode_weights_read_s + kv * context_tokens
         slope = kv * batch
         if slope <= 0.0:
@@ -130,9 +131,10 @@ def shared_phase_s(compute_s: float, other_s: float, decoding_s: float, slowdown
     decodes; decoding goes on for `decoding_s` from the phase's start; `other_s` (overheads) is not
     slowed. With ``k = slowdown - 1`` and ``d = decoding_s`` the span T solves
     ``T = other + compute * (1 + k * min(d, T) / T)``: ``other + compute * (1 + k)`` when d covers
-    it, else the positive root of ``T^2 - (other + compute) T - k compute d = 0``. The model
-    `simulate calibrate` fits (`fitting.fit_phases`)."""
-    k, d = slowdown - 1.0, max(0.0, decoding_s)
+    it, else the positive root of ``T^2 - (other + compute) T - k compute d = 0``. The model the
+    lab's calibration fits (`python -m oppo_lab calibrate`, `oppo_lab/sim/fitting.py`)."""
+    k = slowdown - 1.0
+    d = max(0.0, decoding_s)
     whole = other_s + compute_s * (1.0 + k)
     if k <= 0.0 or d <= 0.0:
         return other_s + compute_s
@@ -144,7 +146,10 @@ def shared_phase_s(compute_s: float, other_s: float, decoding_s: float, slowdown
 
 def build(cfg: SimConfig) -> CostModel:
     """The cost model of a preset: the roofline, with every measured cost in `cfg.costs` replacing its term."""
-    base = _roofline(cfg) if cfg.hardware is not None and cfg.actor is not None else _measured_only(cfg)
+    if cfg.hardware is not None and cfg.actor is not None:
+        base = _roofline(cfg)
+    else:
+        base = _measured_only(cfg)
     m = cfg.costs
     updates = {}
     if m.measured_decode:  # a measured engine: no roofline terms left
@@ -168,11 +173,18 @@ def build(cfg: SimConfig) -> CostModel:
 
 
 def _layout(cfg: SimConfig) -> dict:
-    s, e = cfg.split, cfg.efficiency
+    s = cfg.split
+    e = cfg.efficiency
     engines = s.engines
-    scorers = 0 if s.reward_with_train else (s.pattern_nodes * s.score_gpus // s.score_tensor_parallel
-                                             if s.score_gpus else engines)
-    sleep = memory.sleep_transfer_s(cfg) if cfg.hardware is not None and cfg.actor is not None else 0.0
+    if s.reward_with_train:
+        scorers = 0
+    elif s.score_gpus:
+        scorers = s.pattern_nodes * s.score_gpus // s.score_tensor_parallel
+    else:  # a streaming reward actor beside each engine
+        scorers = engines
+    sleep = 0.0
+    if cfg.hardware is not None and cfg.actor is not None:
+        sleep = memory.sleep_transfer_s(cfg)
     return dict(engines=engines, scorers=scorers, scorer_on_engines=s.score_gpus == 0, sleep_transfer_s=sleep,
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
                 experience_overhead_s=e.experience_overhead_s, advantage_loop_s_per_token=e.advantage_loop_s_per_token,
@@ -195,12 +207,16 @@ def _measured_only(cfg: SimConfig) -> CostModel:
 
 
 def _roofline(cfg: SimConfig) -> CostModel:
-    hw, actor, e, s, w = cfg.hardware, cfg.actor, cfg.efficiency, cfg.split, cfg.workload
+    hw = cfg.hardware
+    e = cfg.efficiency
+    s = cfg.split
+    actor = cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
-    tp, stp = s.tensor_parallel, s.score_tensor_parallel
+    tp = s.tensor_parallel
     bw = hw.hbm_bytes_per_s * e.decode_bandwidth
     train_flops = s.pattern_nodes * (s.train_gpus + s.critic_gpus) * hw.peak_bf16_flops  # pooled; split by `_groups`
+    trained_params = actor.params + (critic.params if cfg.workload.critic else 0)
     # per device (a node's network is its devices' NICs): a ZeRO-3 gather over the nodes the DeepSpeed
     # models span; the sync's broadcast from the actor's first rank to the engines on other nodes (colocated:
     # each rank hands the gathered weights to the engine on its own device, CUDA IPC)
@@ -215,8 +231,10 @@ def _roofline(cfg: SimConfig) -> CostModel:
     # parameter copied to the host beside the next gather; in shards, each rank's copy of its partition,
     # then every engine device takes the whole weights from the actor's ranks, each of which sends its
     # partition to every engine device, both through their links
-    buffer, ranks = cfg.oppo.staleness.background_sync_buffer, s.pattern_nodes * s.train_gpus
-    sync_gather_s, sharded_sync_s = gather_call_s, 0.0
+    buffer = cfg.oppo.staleness.background_sync_buffer
+    ranks = s.pattern_nodes * s.train_gpus
+    sync_gather_s = gather_call_s
+    sharded_sync_s = 0.0
     if buffer == "host":
         host_copy_s = actor.weight_bytes / (hw.pcie_bytes_per_s * e.link_efficiency)
         sync_gather_s = e.forward_overhead_s + max(gather_s, host_copy_s)
@@ -232,12 +250,12 @@ def _roofline(cfg: SimConfig) -> CostModel:
         decode_kv_read_per_token_s=actor.kv_bytes_per_token / (tp * bw),
         decode_compute_per_seq_s=2 * actor.params / (tp * hw.peak_bf16_flops * e.decode_mfu),
         prefill_call_s=e.forward_overhead_s,
-        **_prefill_terms(cfg, reward, stp),
+        **_prefill_terms(cfg, reward, s.score_tensor_parallel),
         prefill_per_chunk_s=e.chunk_overhead_s,
         forward_per_token_s=2 * actor.params / (train_flops * e.forward_mfu),
         critic_forward_per_token_s=2 * critic.params / (train_flops * e.forward_mfu),
         reward_forward_per_token_s=2 * reward.params / (train_flops * e.forward_mfu),
-        train_per_token_s=6 * (actor.params + (critic.params if w.critic else 0)) / (train_flops * e.train_mfu),
+        train_per_token_s=6 * trained_params / (train_flops * e.train_mfu),
         weight_sync_s=sync_s,
         sync_gather_s=sync_gather_s,
         sharded_sync_s=sharded_sync_s,
@@ -251,7 +269,8 @@ def _prefill_terms(cfg: SimConfig, model: ModelShape, tp: int, scorer: bool = Tr
     """A streaming actor's prefill of `model` over `tp` devices (`scorer`; else a vLLM engine's): its
     memory floor, 2 N flops a new token and 4 L d a query-key pair, the scorer's attention at its own
     utilisation (measured: docs/evidence.md#streamed-prefill-cost)."""
-    hw, e = cfg.hardware, cfg.efficiency
+    hw = cfg.hardware
+    e = cfg.efficiency
     flops = tp * hw.peak_bf16_flops
     attention = (e.attention_mfu or e.prefill_mfu) if scorer else e.prefill_mfu
     return dict(prefill_weights_read_s=model.weight_bytes / (tp * hw.hbm_bytes_per_s * e.decode_bandwidth),
@@ -265,7 +284,8 @@ def reference_actors(cfg: SimConfig, costs: CostModel) -> CostModel:
     (no tensor parallelism), one actor a `split.reference_gpus` device or, with 0, one beside each
     engine (a prefill pauses it). The log-softmax over the vocabulary is left out (the LM head's
     matmul is in 2 N)."""
-    s, e = cfg.split, cfg.efficiency
+    s = cfg.split
+    e = cfg.efficiency
     return replace(costs, scorers=s.pattern_nodes * s.reference_gpus or costs.engines,
                    scorer_on_engines=not s.reference_gpus, prefill_call_s=e.forward_overhead_s,
                    prefill_per_chunk_s=e.chunk_overhead_s,

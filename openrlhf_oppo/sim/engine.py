@@ -144,7 +144,8 @@ class Rollout:
         for eng in self.engines:
             self._cut(eng, now_s)
             out += eng.running + list(eng.waiting)
-            eng.running, eng.waiting = [], deque()
+            eng.running = []
+            eng.waiting = deque()
         return out
 
     def restart(self, reqs: list[Request], now_s: float) -> None:
@@ -173,8 +174,8 @@ class Rollout:
 
     def slow(self, engine: int, factor: float, now_s: float) -> None:
         """A scorer on engine `engine`'s host starts (factor > 1) or stops (1) a prefill. The engine
-        decodes on at the larger of this and the trainer's factor (`calibrate` measures the scorer's
-        while the trainer is idle; beside the trainer its factor stands for both)."""
+        decodes on at the larger of this and the trainer's factor (the lab's calibration measures the
+        scorer's while the trainer is idle; beside the trainer its factor stands for both)."""
         eng = self.engines[engine]
         if factor != eng.beside:
             self._cut(eng, now_s)
@@ -216,7 +217,8 @@ class Rollout:
         """One engine's decode of responses given as (tokens to go, context tokens), in closed form
         between finishes, at most `seqs_per_engine` at once (the rest wait, in order)."""
         cap = self.costs.seqs_per_engine
-        running, waiting, t = todo[:cap], todo[cap:], 0.0
+        running, waiting = todo[:cap], todo[cap:]
+        t = 0.0
         while running:
             k = max(1, min(left for left, _ in running))
             t += self.costs.decode_run_s(len(running), sum(ctx for _, ctx in running), k) * self.factor
@@ -273,7 +275,9 @@ class Rollout:
         ctx = sum(r.prompt_tokens + r.done for r in eng.running)
         factor = max(self.factor, eng.beside)
         dt = self.costs.decode_run_s(len(eng.running), ctx, k) * factor
-        eng.seg_start_s, eng.seg_steps, eng.seg_factor = now_s, k, factor
+        eng.seg_start_s = now_s
+        eng.seg_steps = k
+        eng.seg_factor = factor
         self.loop.at(now_s + dt, self._segment_done, eng, eng.epoch)
 
     def _advance(self, eng: _Engine, steps: int, now_s: float) -> None:
@@ -356,14 +360,20 @@ class Scorer:
         queue = self.queues[q]
         if not queue:
             return
-        take, tokens = 0, 0
+        take = 0  # chunks in this call
+        tokens = 0  # their new tokens
         while take < min(len(queue), self.max_call_chunks) and (
                 take == 0 or tokens + queue[take][2] - queue[take][1] <= self.max_call_tokens):
             tokens += queue[take][2] - queue[take][1]
             take += 1
         items, self.queues[q] = queue[:take], queue[take:]
-        # (cached prefix, new tokens): a sample's first chunk prefills its prompt too
-        dt = self.costs.prefill_s([(it[4] + it[1], it[2] - it[1]) if it[1] else (0, it[4] + it[2]) for it in items])
+        chunks = []  # (cached prefix, new tokens): a sample's first chunk prefills its prompt too
+        for _, start, end, _, prefix_tokens in items:
+            if start:
+                chunks.append((prefix_tokens + start, end - start))
+            else:
+                chunks.append((0, prefix_tokens + end))
+        dt = self.costs.prefill_s(chunks)
         if self.costs.scorer_on_engines:
             self._beside(q, now_s, start=True)
         self.active[q] = True
@@ -371,7 +381,8 @@ class Scorer:
 
     def _beside(self, q: int, now_s: float, start: bool) -> None:
         """A prefill on engine q's devices starts or ends: the engine stops, or decodes on slower."""
-        engine, slowdown = q % len(self.rollout.engines), self.costs.decode_slowdown_scoring
+        engine = q % len(self.rollout.engines)
+        slowdown = self.costs.decode_slowdown_scoring
         if slowdown:
             self.rollout.slow(engine, slowdown if start else 1.0, now_s)
         elif start:

@@ -34,6 +34,7 @@ overflows, never simulated.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from openrlhf_oppo.integrations.launch.schedules import is_oppo
@@ -122,7 +123,8 @@ def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
 def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     """`cfg` with vLLM's memory share fitted (`memory.fit_engines`), and why `schedule` cannot run
     it (empty: it can)."""
-    streams, ref = streams_reward(cfg, schedule), streams_reference_actors(cfg, schedule)
+    streams = streams_reward(cfg, schedule)
+    ref = streams_reference_actors(cfg, schedule)
     # a measured preset is one shared host (cpu-longtail): where the critic sits changes no device
     reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None, ref,
                   admits_async(cfg, schedule), forwards_ahead(cfg, schedule))
@@ -137,15 +139,30 @@ def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
 def describe(split: Split, ref_actors: bool = False) -> str:
     """A layout in a few words: the devices of one node, or the engine nodes and the pattern of the
     others (`ref_actors`: where the streaming reference actors sit)."""
-    ref = (f" / {split.reference_gpus} ref" if split.reference_gpus else " + ref by vLLM") if ref_actors else ""
+    ref = ""
+    if ref_actors and split.reference_gpus:
+        ref = f" / {split.reference_gpus} ref"
+    elif ref_actors:
+        ref = " + ref by vLLM"
     if split.colocate:
-        rm = f" + {split.score_gpus} reward" if split.score_gpus else ("" if split.reward_with_train else ", scorers")
+        if split.score_gpus:
+            rm = f" + {split.score_gpus} reward"
+        elif split.reward_with_train:
+            rm = ""
+        else:
+            rm = ", scorers"
         how = ", sleep" if split.sleep else ""
         return f"colocated {split.generate_gpus}{rm}{ref} (TP {split.tensor_parallel}{how})"
-    train = (f"{split.train_gpus} actor / {split.critic_gpus} critic" if split.critic_gpus
-             else f"{split.train_gpus} train")
-    rm = f"{split.score_gpus} reward" if split.score_gpus else "reward with " + ("critic" if split.critic_gpus
-                                                                               else "train")
+    if split.critic_gpus:
+        train = f"{split.train_gpus} actor / {split.critic_gpus} critic"
+    else:
+        train = f"{split.train_gpus} train"
+    if split.score_gpus:
+        rm = f"{split.score_gpus} reward"
+    elif split.critic_gpus:
+        rm = "reward with critic"
+    else:
+        rm = "reward with train"
     if split.engine_nodes:
         return (f"{split.engine_nodes} vLLM node{'s' if split.engine_nodes > 1 else ''} + {split.pattern_nodes} x "
                 f"({train} / {rm}{ref}) (TP {split.tensor_parallel})")
@@ -172,7 +189,8 @@ def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
     half of them) or not; with `ref_actors`, split layouts also with one device a node for streaming
     reference actors (else they sit beside the engines). `rule` and the memory check then say who
     can run each."""
-    s, g = cfg.split, cfg.split.gpus_per_node
+    s = cfg.split
+    g = s.gpus_per_node
     out = []
     for tp in _tp_choices(cfg, cfg.actor.weight_bytes):
         base = dataclasses.replace(s, tensor_parallel=tp, score_tensor_parallel=1, reward_with_train=False,
@@ -183,11 +201,13 @@ def candidates(cfg: SimConfig, ref_actors: bool = False) -> list[Split]:
             out += [dataclasses.replace(coloc, sleep=sleep) for sleep in (False, True)]
         # vLLM on some devices of every node, or on whole nodes of its own (the pattern then has none)
         placements = [(0, gen) for gen in range(tp, g, tp)] + [(n, 0) for n in range(1, s.nodes) if g % tp == 0]
-        for (nodes, gen), ref in ((p, ref) for p in placements for ref in ((0, 1) if ref_actors else (0,))):
+        refs = (0, 1) if ref_actors else (0,)  # devices a node for streaming reference actors
+        for (nodes, gen), ref in itertools.product(placements, refs):
             for score in (0, 1, 2):
                 rest = g - gen - score - ref
-                critics = sorted({0, *(c for c in (rest // 2, rest - rest // 2) if 1 <= c < rest)}
-                                 if cfg.workload.critic else {0})
+                critics = [0]  # the critic's own devices: none, or about half of the DeepSpeed ones
+                if cfg.workload.critic:
+                    critics = sorted({0, *(c for c in (rest // 2, rest - rest // 2) if 1 <= c < rest)})
                 for critic in critics:
                     if rest - critic >= 1:
                         out.append(dataclasses.replace(base, colocate=False, sleep=False, generate_gpus=gen,

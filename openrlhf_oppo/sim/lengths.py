@@ -24,7 +24,9 @@ class LengthSampler:
         points = sorted(cfg.quantiles)
         self.q_probs = [0.0] + [p for p, _ in points]
         self.q_logs = [math.log(cfg.min_tokens)] + [math.log(max(1.0, t)) for _, t in points]
-        var = math.log(1.0 + (cfg.std_tokens / cfg.mean_tokens) ** 2) if cfg.mean_tokens > 0 else 0.0
+        var = 0.0  # of the log-normal's log
+        if cfg.mean_tokens > 0:
+            var = math.log(1.0 + (cfg.std_tokens / cfg.mean_tokens) ** 2)
         self.sigma = math.sqrt(var)
         self.mu = math.log(max(cfg.mean_tokens, 1e-9)) - var / 2
 
@@ -42,7 +44,8 @@ class LengthSampler:
         return min(cfg.cap_tokens, max(cfg.min_tokens, int(round(x))))
 
     def _from_quantiles(self, u: float) -> float:
-        probs, logs = self.q_probs, self.q_logs
+        probs = self.q_probs
+        logs = self.q_logs
         if u >= probs[-1]:
             return float(self.cfg.cap_tokens)
         i = bisect.bisect_right(probs, u)

@@ -77,10 +77,13 @@ def _activations(cfg: SimConfig, m: ModelShape) -> float:
     """One micro-batch of full-length samples: with `workload.gradient_checkpointing` a layer input
     per layer and one layer's working set, without it every layer's working set; fp32 logits and
     their gradient either way."""
-    w, ln = cfg.workload, cfg.lengths
-    tokens = w.micro_batch_size * (ln.prompt_tokens + ln.cap_tokens)
+    ln = cfg.lengths
+    tokens = cfg.workload.micro_batch_size * (ln.prompt_tokens + ln.cap_tokens)
     layer = 2 * tokens * (10 * m.hidden + 4 * m.intermediate)
-    kept = 2 * m.layers * tokens * m.hidden + layer if w.gradient_checkpointing else m.layers * layer
+    if cfg.workload.gradient_checkpointing:
+        kept = 2 * m.layers * tokens * m.hidden + layer
+    else:
+        kept = m.layers * layer
     return kept + 8 * tokens * m.vocab
 
 
@@ -93,7 +96,9 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     actor's first rank holds a whole copy of its weights while they are broadcast (charged to every
     device: the one that holds it must fit), or with `staleness.background_sync_buffer` host, in host
     memory, one parameter at a time on the device; `shards`: each device its own partition."""
-    s, w, actor = cfg.split, cfg.workload, cfg.actor
+    s = cfg.split
+    w = cfg.workload
+    actor = cfg.actor
     reward = cfg.reward or actor
     critic = cfg.critic or reward
     apart = s.critic_gpus > 0
@@ -115,15 +120,17 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
     if s.reward_with_train and (group == "critic") == apart:
         items.append(("reward model", zero3_bytes(reward.params, False, n)))
     items.append(("ZeRO-3 live parameters", 2 * LIVE_PARAMETERS))
-    big = critic if w.critic and (group == "critic" or (not apart and critic.params > actor.params)) else actor
+    # the activations of the larger model these devices train
+    big = actor
+    if w.critic and (group == "critic" or (not apart and critic.params > actor.params)):
+        big = critic
     items.append(("activations", _activations(cfg, big)))
     return items
 
 
 def engine_items(cfg: SimConfig) -> list[tuple[str, float]]:
-    s, actor = cfg.split, cfg.actor
     claim = cfg.workload.kv_cache_fraction * cfg.hardware.hbm_bytes
-    weights = actor.weight_bytes / s.tensor_parallel
+    weights = cfg.actor.weight_bytes / cfg.split.tensor_parallel
     return [("vLLM weights", weights), ("vLLM KV cache", max(0.0, claim - weights))]
 
 
@@ -149,7 +156,8 @@ def reference_kv_budget_tokens(cfg: SimConfig) -> int:
     """The KV a streaming reference actor keeps (tokens): its share of the sequences in flight,
     (B + Δ max) x n, each at prompt + mean response (capped). The reference is frozen, so a carried
     sample's KV stays until the sample is trained (an estimate: the simulator does not track it)."""
-    w, ln = cfg.workload, cfg.lengths
+    w = cfg.workload
+    ln = cfg.lengths
     seqs = math.ceil((w.batch_groups + cfg.oppo.delta.max) * w.samples_per_group / reference_actor_count(cfg))
     return seqs * math.ceil(ln.prompt_tokens + min(ln.mean_tokens, ln.cap_tokens))
 
@@ -184,9 +192,11 @@ def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False, sync_b
     """What each kind of device holds (requires `hardware` and `actor`); `streams`: the schedule
     streams into OPPO's reward actors; `ref_actors`: into OPPO's streaming reference actors;
     `sync_buffer`: a background weight sync's copy of the actor (`training_items`)."""
-    s, cap = cfg.split, cfg.hardware.hbm_bytes
+    s = cfg.split
+    cap = cfg.hardware.hbm_bytes
     reserve = [("reserve", RESERVE_BYTES)]
-    train, engines = training_items(cfg, ref_actors=ref_actors, sync_buffer=sync_buffer), engine_items(cfg)
+    train = training_items(cfg, ref_actors=ref_actors, sync_buffer=sync_buffer)
+    engines = engine_items(cfg)
     on_engines = _beside_engines(cfg, ref_actors)
     out = []
     if s.colocate:
@@ -232,8 +242,9 @@ def fit_engines(cfg: SimConfig, ref_actors: bool = False, sync_buffer: bool = Fa
     if not (awake_beside_training or beside):
         return cfg
     cap = cfg.hardware.hbm_bytes
-    others = beside + RESERVE_BYTES + (_load(training_items(cfg, ref_actors=ref_actors, sync_buffer=sync_buffer))
-                                       if awake_beside_training else 0.0)
+    others = beside + RESERVE_BYTES
+    if awake_beside_training:
+        others += _load(training_items(cfg, ref_actors=ref_actors, sync_buffer=sync_buffer))
     share = min(cfg.workload.kv_cache_fraction, max(0.0, (cap - others) / cap))
     return dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, kv_cache_fraction=share))
 

@@ -52,7 +52,8 @@ def run_all(cfg: SimConfig, schedules: tuple[str, ...] | None = None) -> Simulat
 
 
 def _run(sim: Simulated, schedule: str, cfg: SimConfig) -> None:
-    costs, w = cost_model.build(cfg), cfg.workload
+    costs = cost_model.build(cfg)
+    w = cfg.workload
     sim.runs[schedule] = [simulate(cfg, costs, schedule, w.seed + k) for k in range(w.seeds)]
     sim.summaries[schedule] = [summarize(r, w.warmup_steps) for r in sim.runs[schedule]]
     sim.layouts[schedule] = cfg
@@ -64,7 +65,8 @@ def best_layouts(cfg: SimConfig, schedules: tuple[str, ...]) -> tuple[Simulated,
     (lowest mean time per step) with every seed. Returns the best runs, each schedule's tried layouts
     (description, mean step s), and the search space (with the layouts that do not fit)."""
     space = layouts.search_space(cfg, schedules)
-    sim, tried = Simulated(cfg, {}, {}, searched=True), {}
+    sim = Simulated(cfg, {}, {}, searched=True)
+    tried = {}
     for s in schedules:
         scores = []
         for trial in space.runnable[s]:
@@ -137,7 +139,8 @@ def print_tables(sim: Simulated) -> None:
           "(rollout: engines decoding; reward: reward servers; train: the training devices); seqs/iteration: "
           "sequences an engine iteration decodes, on average over the window (a memory-bound iteration "
           "costs about the same for few as for many: busy engines with few sequences are not full)")
-    drift = {s: d for s in sim.runs if abs(d := window_drift(sim, s)) > WINDOW_DRIFT}
+    drifts = {s: window_drift(sim, s) for s in sim.runs}
+    drift = {s: d for s, d in drifts.items() if abs(d) > WINDOW_DRIFT}
     if drift:
         print("window: the mean step of the second half of the measured steps against the first (median over seeds) "
               + ", ".join(f"{s} {d:+.0%}" for s, d in drift.items())
@@ -186,8 +189,14 @@ def print_calibration(sim: Simulated) -> None:
     print(f"{'ablation':<9} {'schedule':<{NAME_W}} {'simulated':>22} {'paper':>6} {'sim/paper':>10}  verdict (±20%)")
     for r in calibration_rows(sim):
         spread = f"{r['simulated']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
-        verdict = ("no verdict: the band holds 1.00, no effect" if r["ok"] is None else "within" if r["ok"]
-                   else ("MISS: too low" if r["rel"] < 1 else "MISS: too high"))
+        if r["ok"] is None:
+            verdict = "no verdict: the band holds 1.00, no effect"
+        elif r["ok"]:
+            verdict = "within"
+        elif r["rel"] < 1:
+            verdict = "MISS: too low"
+        else:
+            verdict = "MISS: too high"
         print(f"{r['ablation']:<9} {r['schedule']:<{NAME_W}} {spread:>22} {r['paper']:>6.2f} {r['rel']:>10.2f}  "
               f"{verdict}")
     print("simulated: sync's mean step s / the schedule's, seed by seed, median [min-max]; the paper's figures are "
@@ -241,13 +250,25 @@ def print_sweep(points: list[tuple[str, Simulated]], schedules: tuple[str, ...])
     cols = [f"{s} step s" for s in schedules] + [f"x sync {s}" for s in schedules if s != "sync"]
     print(f"{'value':<28} " + " ".join(f"{c:>17}" for c in cols))
     for label, sim in points:
-        cells = [f"{statistics.median(x['mean_step_s'] for x in sim.summaries[s]):.2f}" if s in sim.summaries
-                 else "refused" for s in schedules]
+        cells = [_step_cell(sim, s) for s in schedules]
         if "sync" in schedules:
-            cells += [f"{statistics.median(speedups(sim, s)):.2f}" if {s, "sync"} <= set(sim.summaries)
-                      else "-" for s in schedules if s != "sync"]
+            cells += [_speedup_cell(sim, s) for s in schedules if s != "sync"]
         print(f"{label:<28} " + " ".join(f"{c:>17}" for c in cells))
     print("step s: time per step (mean over measured steps), median over seeds; x sync: sync's / the schedule's")
+
+
+def _step_cell(sim: Simulated, schedule: str) -> str:
+    """The schedule's mean step s (median over seeds), or "refused"."""
+    if schedule not in sim.summaries:
+        return "refused"
+    return f"{statistics.median(x['mean_step_s'] for x in sim.summaries[schedule]):.2f}"
+
+
+def _speedup_cell(sim: Simulated, schedule: str) -> str:
+    """sync's mean step over the schedule's (median over seeds), or "-" where either was refused."""
+    if not {schedule, "sync"} <= set(sim.summaries):
+        return "-"
+    return f"{statistics.median(speedups(sim, schedule)):.2f}"
 
 
 def plot_sweep(points: list[tuple[str, Simulated]], schedules: tuple[str, ...], title: str, out: Path) -> Path:

@@ -39,8 +39,10 @@ class TrainStreamer:
         self.world = world
         self.names = names
         self.on_done = on_done
-        c, w = world.costs, world.cfg.workload
-        self.per_token_s, models = 0.0, 0
+        c = world.costs
+        w = world.cfg.workload
+        self.per_token_s = 0.0
+        models = 0  # forwards a streamed chunk costs
         if "reference" in names:
             self.per_token_s += c.forward_per_token_s
             models += 1
@@ -97,7 +99,8 @@ class TrainStreamer:
         the batch with a chunk prefilled under older weights than the current ones, whole."""
         if "critic" not in self.names:
             return 0
-        p, now = self.world.cfg.lengths.prompt_tokens, self.world.version
+        p = self.world.cfg.lengths.prompt_tokens
+        now = self.world.version
         tokens = sum(p + n for sid, n in zip(sample_ids, lengths, strict=True)
                      if self.version_of.pop(sid, now) < now)
         self.recomputed_tokens += tokens

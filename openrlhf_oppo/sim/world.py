@@ -29,6 +29,7 @@ from openrlhf_oppo.sim.lengths import LengthSampler
 from openrlhf_oppo.sim.presets import SimConfig
 
 TRAIN_WORKER = 0  # the training devices draw as one worker per role
+STAGE_ROLES = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic", "rewards": "reward"}  # timeline
 
 
 def padded_tokens(seqs: list[int], micro_batch: int, packing: bool, buckets: bool = False) -> int:
@@ -116,20 +117,28 @@ class World:
         out = [Request(sid, ln.prompt_tokens, self._lengths[prompt_index * n + j], ln.cap_tokens)
                for j, sid in enumerate(sample_ids)]
         now = self.loop.now_s
-        self._issued = (now, (self._issued[1] if self._issued[0] == now else []) + out)
+        issued_at, issued = self._issued
+        if issued_at == now:  # more requests at the same instant join those
+            self._issued = (now, issued + out)
+        else:
+            self._issued = (now, out)
         return out
 
     def train_tokens(self, lengths: list[int], buckets: bool = False) -> int:
         """Tokens the training devices process for these responses (`padded_tokens`)."""
-        p, w = self.cfg.lengths.prompt_tokens, self.cfg.workload
+        p = self.cfg.lengths.prompt_tokens
+        w = self.cfg.workload
         return padded_tokens([p + n for n in lengths], w.micro_batch_size, w.packing, buckets)
 
     def advantages_s(self, lengths: list[int]) -> float:
         """The trainer's advantage step over make_experience's micro-batches of these responses: a
         cost per padded response position of each micro-batch (OpenRLHF's loop runs one iteration a
         position of its widest response, whatever `workload.packing`)."""
-        c, mb = self.costs, self.cfg.workload.micro_batch_size
-        per = c.advantage_vectorized_s_per_token if self.vectorized_advantages else c.advantage_loop_s_per_token
+        mb = self.cfg.workload.micro_batch_size
+        if self.vectorized_advantages:
+            per = self.costs.advantage_vectorized_s_per_token
+        else:
+            per = self.costs.advantage_loop_s_per_token
         seqs = sorted(lengths) if self.length_buckets else lengths
         return per * sum(max(seqs[i:i + mb]) for i in range(0, len(seqs), mb))
 
@@ -139,7 +148,8 @@ class World:
         `streamed`: make_experience stages streamed during generation -> the tokens still to
         forward in them (`sim.streamer`). On a shared host each phase's compute runs slower for
         the share of it during which responses decode (`costs.shared_phase_s`)."""
-        c, w = self.costs, self.cfg.workload
+        c = self.costs
+        w = self.cfg.workload
         tokens = self.train_tokens(lengths, self.length_buckets)  # OPPO cuts make_experience's micro-batches alike
         self._hold_engines(now_s)
         decode_end_s = now_s + self._decoding_left_s()
@@ -209,13 +219,16 @@ class World:
         their end. With the critic on devices of its own (`split.critic_gpus`) its group runs
         beside the actor's, each at its share of the devices."""
         c = self.costs
-        groups = ((("old_logprobs", "ref_logprobs", "values", "rewards"), 1.0),) if not c.critic_group_scale else \
-            ((("old_logprobs", "ref_logprobs"), c.actor_group_scale), (("values", "rewards"), c.critic_group_scale))
+        if c.critic_group_scale:  # (stages, time factor) of each group
+            groups = ((("old_logprobs", "ref_logprobs"), c.actor_group_scale),
+                      (("values", "rewards"), c.critic_group_scale))
+        else:
+            groups = ((("old_logprobs", "ref_logprobs", "values", "rewards"), 1.0),)
         end = t
         for names, scale in groups:
             tg = t
             for stage in (n for n in names if n in stages):
-                role = {"old_logprobs": "actor", "ref_logprobs": "ref", "values": "critic", "rewards": "reward"}[stage]
+                role = STAGE_ROLES[stage]
                 self.recorder.span(role, TRAIN_WORKER, stage, tg, tg + stages[stage] * scale)
                 tg += stages[stage] * scale
             end = max(end, tg)
@@ -224,8 +237,14 @@ class World:
     def _train(self, t: float, train_s: float) -> float:
         """The actor's and critic's updates from `t` (`train_s` on the pooled devices); their end:
         one after the other on shared devices, side by side on their own."""
-        c, critic = self.costs, self.cfg.workload.critic
-        share = c.critic_train_share if c.critic_group_scale else 0.5 if critic else 0.0
+        c = self.costs
+        critic = self.cfg.workload.critic
+        if c.critic_group_scale:
+            share = c.critic_train_share  # the critic's share of the update
+        elif critic:
+            share = 0.5
+        else:
+            share = 0.0
         actor_s = train_s * (1 - share) * c.actor_group_scale  # 1 when the devices are shared
         critic_s = train_s * share * (c.critic_group_scale or 1.0)
         critic_t0 = t if c.critic_group_scale else t + actor_s

@@ -53,16 +53,20 @@ def step_latencies_s(result: RunResult, warmup_steps: int) -> list[float]:
 def summarize(result: RunResult, warmup_steps: int) -> dict:
     """Per-run figures: step latency (median, mean), tokens/s and utilisation over the measured window."""
     lat = step_latencies_s(result, warmup_steps)
-    (t0, n0, i0), (t1, n1, i1) = result.decoded_tokens_at[max(0, warmup_steps - 1)], result.decoded_tokens_at[-1]
+    # (time, tokens decoded, engine iterations) at the window's start and end
+    t0, n0, i0 = result.decoded_tokens_at[max(0, warmup_steps - 1)]
+    t1, n1, i1 = result.decoded_tokens_at[-1]
     half = len(lat) // 2
     util = {role: _covered(ivs, t0, t1) / (max(t1 - t0, 1e-12) * result.devices[role])
             for role, ivs in result.busy.items()}
     deferred = [r.deferred_fraction for r in result.steps[warmup_steps:]]
+    window_drift = 0.0  # the second half of the measured steps' mean step against the first half's, - 1
+    if half:
+        window_drift = statistics.fmean(lat[half:]) / statistics.fmean(lat[:half]) - 1.0
     return {"median_step_s": statistics.median(lat), "mean_step_s": statistics.fmean(lat),
             "tokens_per_s": (n1 - n0) / max(t1 - t0, 1e-12), "util": util,
             "seqs_per_iteration": (n1 - n0) / (i1 - i0) if i1 > i0 else 0.0,
-            # the second half of the measured steps' mean step against the first half's, - 1
-            "window_drift": statistics.fmean(lat[half:]) / statistics.fmean(lat[:half]) - 1.0 if half else 0.0,
+            "window_drift": window_drift,
             "deferred": statistics.fmean(deferred) if deferred else 0.0}
 
 

@@ -148,7 +148,8 @@ class AsyncDriver(World):
             self.acquire("generator", self.generate_samples)
 
     def generate_samples(self) -> None:
-        now, w = self.loop.now_s, self.cfg.workload
+        now = self.loop.now_s
+        w = self.cfg.workload
         if len(self.buffer) >= w.batch_groups or self.prompts_left == 0:
             self.hand_over(from_call=False)
             return
@@ -175,7 +176,8 @@ class AsyncDriver(World):
         if self.call_groups and len(self.call_done) == len(self.call_groups):
             self.recorder.span("driver", 1, "generate", self.call_start_s, now_s)
             self.buffer += [self.call_groups[p] for p in self.call_done]
-            self.call_groups, self.call_left = {}, {}
+            self.call_groups = {}
+            self.call_left = {}
             self.hand_over(from_call=True)
 
     def hand_over(self, from_call: bool) -> None:

@@ -95,13 +95,19 @@ class OppoDriver(World):
         self.ahead: ExperienceAhead | None = None  # streaming.experience_ahead
         self.ahead_groups: set[int] = set()  # groups handed to it, not yet trained
         if oppo.streaming.experience_ahead:
-            if on_train or cfg.split.sleep:
-                raise ValueError(f"streaming.experience_ahead: schedule {name} "
-                                 + ("streams into the training devices' models already" if on_train else
-                                    "with split.sleep, whose models are offloaded while the engines generate"))
-            w = cfg.workload
-            self.streamer = self.ahead = ExperienceAhead(self, ("old_logprobs", *(("values",) if w.critic else ()), *(
-                ("ref_logprobs",) if w.reference and "reference" not in self.sched.scorers else ())))
+            if on_train:
+                raise ValueError(f"streaming.experience_ahead: schedule {name} streams into the training devices' "
+                                 "models already")
+            if cfg.split.sleep:
+                raise ValueError(f"streaming.experience_ahead: schedule {name} with split.sleep, whose models are "
+                                 "offloaded while the engines generate")
+            stages = ["old_logprobs"]
+            if w.critic:
+                stages.append("values")
+            if w.reference and "reference" not in self.sched.scorers:
+                stages.append("ref_logprobs")
+            self.ahead = ExperienceAhead(self, tuple(stages))
+            self.streamer = self.ahead
         self.async_admission = oppo.staleness.max_policy_lag >= 1
         self.background_sync = oppo.staleness.background_sync and self.async_admission
         self.sync_end_s = 0.0  # the last weight sync's end (the engines resume then)
@@ -246,13 +252,15 @@ class OppoDriver(World):
         self.forced_since_s = None
         stats = StepStats(self.mean_reward(self.step), self.rollout.decoded_tokens - self.decoded_at_admit,
                           now_s - self.admit_s, forced_wait)
-        step, wait_start_s = self.step, self.wait_start_s
+        step = self.step  # the step trained now (async admission opens the next one below)
+        wait_start_s = self.wait_start_s
         report = None
         if self.async_admission:  # close step t and open t+1 now: its groups decode while t trains
             report = self.sched.end_step(stats)
             self.step += 1
             self.admit(now_s)
-        lengths, ids = [s.num_tokens for s in samples], [s.sample_id for s in samples]
+        lengths = [s.num_tokens for s in samples]
+        ids = [s.sample_id for s in samples]
         train_end = self.experience_and_train(now_s, lengths, ids, not self.reward_streamed, self._left(ids, lengths))
         self.loop.at(train_end, self.sync_and_adapt, step, batch, stats, report, wait_start_s, now_s)
 
@@ -261,7 +269,9 @@ class OppoDriver(World):
         values and old log-probs again, whole, under the weights the step trains from; the
         reference over the samples its actors did not stream whole)."""
         w = self.cfg.workload
-        left = {"ref_logprobs": self.ref_actors.left(ids, lengths)} if self.ref_actors and w.reference else {}
+        left = {}
+        if self.ref_actors and w.reference:
+            left["ref_logprobs"] = self.ref_actors.left(ids, lengths)
         if self.ahead is not None:
             return {**self.ahead.left(ids, lengths), **left}
         if self.streamer is None:
@@ -271,7 +281,9 @@ class OppoDriver(World):
             left["ref_logprobs"] = 0
         if "critic" in names:
             again = self.streamer.recompute(ids, lengths)
-            left.update({"old_logprobs": again, **({"values": again} if w.critic else {})})
+            left["old_logprobs"] = again
+            if w.critic:
+                left["values"] = again
         return left
 
     def sync_and_adapt(self, step: int, batch: TrainBatch, stats: StepStats, report: StepReport | None,
@@ -282,7 +294,10 @@ class OppoDriver(World):
             return
         self.sync_end_s = self.weight_sync(now, self.background_sync)  # pauses the engines: their segments end now
         # the trainer goes on once the weights are gathered (background sync), else after the broadcast
-        released = min(self.sync_end_s, now + self.costs.sync_gather_s) if self.background_sync else self.sync_end_s
+        if self.background_sync:
+            released = min(self.sync_end_s, now + self.costs.sync_gather_s)
+        else:
+            released = self.sync_end_s
         self.flush(now)  # tokens decoded before the sync belong to the old policy version
         if report is None:
             report = self.sched.end_step(stats)

@@ -120,12 +120,13 @@ class Efficiency:
                                       "ZeRO-3 gathers.")
     generate_overhead_s: float = _f(0.2, "Per generate call: request submission and result gathering.")
     experience_overhead_s: float = _f(0.0, "Per make_experience beyond phase_overhead_s: dispatching to the "
-                                           "actor, critic, reference and reward groups (`simulate calibrate`).")
+                                           "actor, critic, reference and reward groups (`python -m oppo_lab "
+                                           "calibrate`).")
     weight_sync_base_s: float = _f(0.2, "Fixed cost of a weight sync (pause, NCCL set-up).")
     advantage_loop_s_per_token: float = _f(0.0, "Per padded response position of each make_experience micro-batch: "
                                                 "OpenRLHF 0.11.2's Python loop for GAE advantages (or REINFORCE "
-                                                "returns), in the trainer's process after the forwards (`openrlhf-"
-                                                "oppo bench advantages`; 0: not modelled).")
+                                                "returns), in the trainer's process after the forwards (`python -m "
+                                                "oppo_lab advantages`; 0: not modelled).")
     advantage_vectorized_s_per_token: float = _f(0.0, "The same for OPPO's whole-tensor version "
                                                       "(`train.vectorized_advantages`).")
     decode_slowdown_shared: float = _f(1.0, "Decode step time factor while another role computes on the "
@@ -134,7 +135,7 @@ class Efficiency:
     decode_slowdown_scoring: float = _f(0.0, "Streaming scorers beside the engines (`split.score_gpus` 0): 0, an "
                                              "engine stops while its scorer prefills (one device, they take turns); "
                                              "above 0, a CPU host's shared cores: it decodes on, each iteration this "
-                                             "many times longer (`simulate calibrate`).")
+                                             "many times longer (`python -m oppo_lab calibrate`).")
     sync_overhead_s: float = _f(-1.0, "Per weight sync beyond `weight_sync_base_s` and the broadcast (-1: "
                                       "phase_overhead_s; a measured preset: 0, its weight_sync_s is the whole sync).")
 
@@ -202,7 +203,7 @@ class PaperTargets:
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """A published run's time per step and stage split, for `simulate published` (0: not published)."""
+    """A published run's time per step and stage split, for `python -m oppo_lab published` (0: not published)."""
 
     step_s: float = _f(0.0, "Time per step.")
     generation_s: float = _f(0.0, "Generation (verl's timing_s/gen: includes the weight resharding).")
@@ -235,7 +236,7 @@ class SimConfig:
     oppo_set: tuple[str, ...] = _f((), "OPPO settings given with --set (keys under oppo): they win over "
                                        "each schedule's own (`schedule_oppo`).")
     paper: PaperTargets = _f(PaperTargets(), "The paper's ablation figures (calibration presets).")
-    published: PublishedRun = _f(PublishedRun(), "A published run's figures (`simulate published`).")
+    published: PublishedRun = _f(PublishedRun(), "A published run's figures (`python -m oppo_lab published`).")
 
 
 # ---------------------------------------------------------------------------- loading
@@ -349,7 +350,9 @@ def vllm_tp_fits(model: ModelShape, tp: int) -> bool:
 
 def validate(cfg: SimConfig) -> None:
     """Whole-config checks, each naming the key."""
-    w, s, lengths = cfg.workload, cfg.split, cfg.lengths
+    w = cfg.workload
+    s = cfg.split
+    lengths = cfg.lengths
     _require(w.batch_groups >= 1, "workload.batch_groups", ">= 1", w.batch_groups)
     _require(w.samples_per_group >= 1, "workload.samples_per_group", ">= 1", w.samples_per_group)
     _require(w.steps > w.warmup_steps + 1, "workload.steps", f"> workload.warmup_steps + 1 ({w.warmup_steps + 1})",
