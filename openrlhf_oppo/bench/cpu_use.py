@@ -47,7 +47,9 @@ class Sampler(threading.Thread):
 
     def __init__(self, out: Path, interval_s: float = 1.0, root_pid: int | None = None):
         super().__init__(daemon=True, name="cpu-sampler")
-        self.out, self.interval_s, self.root_pid = Path(out), interval_s, root_pid or os.getpid()
+        self.out = Path(out)
+        self.interval_s = interval_s
+        self.root_pid = root_pid or os.getpid()
         self.stop = threading.Event()
         self.last: dict[int, tuple[str, float]] = {}  # pid -> (name, CPU seconds at its last sample)
 
@@ -94,7 +96,10 @@ def read(path: Path) -> tuple[dict, list[dict]]:
     if not path.exists():
         return {}, []
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return (lines[0].get("host", {}) if lines else {}), sorted((r for r in lines if "t" in r), key=lambda r: r["t"])
+    if not lines:
+        return {}, []
+    samples = sorted((r for r in lines if "t" in r), key=lambda r: r["t"])
+    return lines[0].get("host", {}), samples
 
 
 def at(samples: list[dict], t: float) -> dict[str, float]:

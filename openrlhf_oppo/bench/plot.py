@@ -68,7 +68,8 @@ def draw(ax, rows: list[dict], title: str, from_step: int = 0, steps: int | None
     t0, t1 = window(rows, from_step, steps)
     rows = [r for r in rows if r["t1"] >= t0 and r["t0"] <= t1]
     syncs = [(r["t0"], r["t1"]) for r in timeline.stage_spans(rows, "driver", "weight_sync")]
-    labels, y = [], 0
+    labels = []
+    y = 0
     counts: dict[str, int] = {}
     for role, host, pid in _workers(rows):
         mine = [r for r in rows if timeline.worker(r) == (role, host, pid)]

@@ -30,7 +30,8 @@ def process_name(cmdline: list[str], fallback: str = "?") -> str:
             if a == "-m" and i + 1 < len(args):
                 return args[i + 1]
             if a == "-c":
-                return "python -c " + ("(multiprocessing)" if "multiprocessing" in " ".join(args[i + 1:]) else "…")
+                code = " ".join(args[i + 1:])
+                return "python -c " + ("(multiprocessing)" if "multiprocessing" in code else "…")
             if not a.startswith("-"):
                 return os.path.basename(a)
         return exe

@@ -113,14 +113,17 @@ def summarize_run(root: Path, warmup_steps: int = 2, scalars: dict | None = None
     walls = [w for w, _, _ in events]
     step_s = [b - a for a, b in zip(walls, walls[1:], strict=False)]
     tokens = trained_tokens(scalars, [step for _, step, _ in events[1:]])
+    tokens_per_s = None
+    if tokens is not None and walls[-1] > walls[0]:
+        tokens_per_s = tokens / (walls[-1] - walls[0])
+    rewards = [v for _, _, v in scalars.get("train/reward", [])]
     summary = {
         "steps": len(scalars.get(STEP_TAG, [])),
         "step_s": step_s,
         "median_step_s": statistics.median(step_s) if step_s else None,
         "mean_step_s": statistics.fmean(step_s) if step_s else None,  # = time per step: what time-to-reward sees
-        "trained_tokens_per_s": tokens / (walls[-1] - walls[0]) if tokens is not None and walls[-1] > walls[0]
-        else None,
-        "reward": statistics.fmean(v for _, _, v in scalars["train/reward"]) if scalars.get("train/reward") else None,
+        "trained_tokens_per_s": tokens_per_s,
+        "reward": statistics.fmean(rewards) if rewards else None,
         "breakdown": breakdown.run_breakdown(root, walls),
     }
     if len(walls) > 1:
@@ -170,9 +173,13 @@ def report(results: dict[str, list[dict]]) -> list[dict]:
         row["x_best"] = _ratio(ok[best], runs) if best else NONE3
         row["best"] = best
         cores = next((r["host"]["cores"] for r in runs if r.get("host") and not r["host"].get("gpu")), None)
-        paired = [cpu_use.factors(b, r, cores) for b, r in zip(ok[best], runs, strict=False)] if best else []
+        paired = []  # `cpu_use.factors` against the fastest mode, repeat by repeat
+        if best:
+            paired = [cpu_use.factors(b, r, cores) for b, r in zip(ok[best], runs, strict=False)]
         paired = [f for f in paired if f]
-        row["x_best_cpu"] = {k: spread(f[k] for f in paired) for k in paired[0]} if paired else None
+        row["x_best_cpu"] = None
+        if paired:
+            row["x_best_cpu"] = {k: spread(f[k] for f in paired) for k in paired[0]}
         row["cores"] = cores
         rows.append(row)
     return rows
@@ -222,12 +229,14 @@ class Verdict:
 
 
 def _tokens_a_step(row: dict) -> float | None:
-    tok, step = row["trained_tokens_per_s"][0], row["mean_step_s"][0]
+    tok = row["trained_tokens_per_s"][0]
+    step = row["mean_step_s"][0]
     return None if tok is None or step is None else tok * step
 
 
 def _work_ratio(row: dict, base: dict) -> float | None:
-    tokens, base_tokens = _tokens_a_step(row), _tokens_a_step(base)
+    tokens = _tokens_a_step(row)
+    base_tokens = _tokens_a_step(base)
     return None if tokens is None or not base_tokens else tokens / base_tokens
 
 
@@ -248,17 +257,34 @@ def verdict(rows: list[dict]) -> Verdict:
     row = by_name[best_oppo]
     vs_sync = row["x"].get("sync", NONE3)
     highest = by_name[best]["mean_step_s"][2] or 0.0  # no repeat of the best ran: it has no rival
-    rivals = [best, *(m for m in row["x"] if m != best and (by_name[m]["mean_step_s"][1] or float("inf")) <= highest)]
-    compared = {best_oppo, *rivals, *(["sync"] if "sync" in by_name else [])}
+    rivals = [best]  # and every mode whose fastest repeat is at or below the best's slowest
+    for m in row["x"]:
+        if m != best and (by_name[m]["mean_step_s"][1] or float("inf")) <= highest:
+            rivals.append(m)
+    compared = {best_oppo, *rivals}
+    if "sync" in by_name:
+        compared.add("sync")
     spreads = [by_name[s]["spread"] for s in sorted(compared)]
     spread_rel = None if None in spreads else max(spreads)
     beyond = [_beyond(row["x"][m], spread_rel) for m in rivals]
-    return Verdict(best_oppo, best, vs_sync, row["x_best"], spread_rel,
-                   _beyond(vs_sync, spread_rel), None if None in beyond else all(beyond),
-                   _work_ratio(row, by_name[best]),
-                   row.get("x_best_cpu"), row.get("cores"), row.get("cores_busy", NONE3)[0],
-                   {m: row["x"][m] for m in rivals},
-                   _work_ratio(row, by_name["sync"]) if "sync" in by_name and best != "sync" else None)
+    work_vs_sync = None
+    if "sync" in by_name and best != "sync":
+        work_vs_sync = _work_ratio(row, by_name["sync"])
+    return Verdict(
+        best_oppo=best_oppo,
+        best_openrlhf=best,
+        vs_sync=vs_sync,
+        vs_best=row["x_best"],
+        spread=spread_rel,
+        vs_sync_beyond_spread=_beyond(vs_sync, spread_rel),
+        vs_best_beyond_spread=None if None in beyond else all(beyond),
+        work_vs_best=_work_ratio(row, by_name[best]),
+        cpu_vs_best=row.get("x_best_cpu"),
+        cores=row.get("cores"),
+        cores_busy=row.get("cores_busy", NONE3)[0],
+        rivals={m: row["x"][m] for m in rivals},
+        work_vs_sync=work_vs_sync,
+    )
 
 
 def _percent(x: float | None) -> str:
@@ -290,9 +316,12 @@ def print_verdict(v: Verdict) -> None:
         print("verdict: none (needs an OPPO schedule and an OpenRLHF mode)")
         return
     print(f"verdict: best OPPO schedule {v.best_oppo} (lowest mean step s), repeat by repeat, median [min-max]:")
-    lines = [("sync", v.vs_sync), *((f"{m} (best OpenRLHF)" if m == v.best_openrlhf else
-                                     f"{m} (within {v.best_openrlhf}'s range: it could be the fastest)", ratio)
-                                    for m, ratio in v.rivals.items() if m == v.best_openrlhf or m != "sync")]
+    lines = [("sync", v.vs_sync)]
+    for m, ratio in v.rivals.items():
+        if m == v.best_openrlhf:
+            lines.append((f"{m} (best OpenRLHF)", ratio))
+        elif m != "sync":
+            lines.append((f"{m} (within {v.best_openrlhf}'s range: it could be the fastest)", ratio))
     for name, ratio in lines:
         if ratio[0] is None:
             print(f"  x {name}: -")
@@ -306,9 +335,10 @@ def print_verdict(v: Verdict) -> None:
               f"fastest ({', '.join(v.rivals)})")
     for mode, work in ((v.best_openrlhf, v.work_vs_best), ("sync", v.work_vs_sync)):
         if work is not None:
-            unequal = v.spread is not None and abs(work - 1.0) > v.spread
-            print(f"  work: {v.best_oppo}'s steps held {work:.2f}x the response tokens of {mode}'s" + (
-                "; beyond the spread, so mean step s compares unequal work: read trained tok/s" if unequal else ""))
+            line = f"  work: {v.best_oppo}'s steps held {work:.2f}x the response tokens of {mode}'s"
+            if v.spread is not None and abs(work - 1.0) > v.spread:
+                line += "; beyond the spread, so mean step s compares unequal work: read trained tok/s"
+            print(line)
     if v.cpu_vs_best:
         f = v.cpu_vs_best
         print(f"  why (cpu.jsonl), repeat by repeat: x {v.best_openrlhf} = work a step {fmt(f['work'], '.2f')} "
@@ -317,8 +347,10 @@ def print_verdict(v: Verdict) -> None:
             print(f"  ceiling: {v.best_oppo} kept {v.cores_busy:.2f} of {v.cores} shared cores busy; at its CPU per "
                   f"token, equal work and every core busy it would be {fmt(f['ceiling'], '.2f')}x "
                   f"{v.best_openrlhf}: no overlap passes that")
-    print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)"
-          if v.spread is None else f"  largest spread between identical runs of these schedules: {_percent(v.spread)}")
+    if v.spread is None:
+        print("  spread between identical runs: unknown (one repeat: two or more tell the effect from noise)")
+    else:
+        print(f"  largest spread between identical runs of these schedules: {_percent(v.spread)}")
 
 
 def stopped(bench: str, run, done: int, total: int, resume: str = "") -> int | None:
@@ -361,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from openrlhf_oppo.integrations.launch import train_run as train
 
-    extra = [*args.extra, *(["--train.full_determinism_enable"] if args.same_samples else [])]
+    extra = list(args.extra)
+    if args.same_samples:
+        extra.append("--train.full_determinism_enable")
     out = Path(args.output)
     results: dict[str, list[dict]] = {s: [] for s in args.schedules}
     order = [(rep, schedule) for rep in range(args.repeats) for schedule in args.schedules]
@@ -375,12 +409,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench schedules] run {i}/{len(order)}: {schedule}: kept (finished in {root})", flush=True)
         else:
             print(f"[bench schedules] run {i}/{len(order)}: {schedule} -> {root}", flush=True)
+            train_argv = ["--schedule", schedule, "--config", args.config, "--output", str(root),
+                          "--timeout-s", str(args.timeout_s)]
+            if extra:
+                train_argv += ["--", *extra]
             with cpu_use.Sampler(root / cpu_use.FILE):
-                run = train.run(["--schedule", schedule, "--config", args.config, "--output", str(root),
-                                 "--timeout-s", str(args.timeout_s), *(["--", *extra] if extra else [])])
-            returncode, wall_s = run.returncode, run.wall_s
+                run = train.run(train_argv)
+            returncode = run.returncode
+            wall_s = run.wall_s
             (root / "result.json").write_text(json.dumps({"returncode": returncode, "wall_s": wall_s}))
-            if (code := stopped("schedules", run, i, len(order))) is not None:
+            code = stopped("schedules", run, i, len(order))
+            if code is not None:
                 return code
         summary = summarize_run(root, args.warmup_steps) if returncode == 0 else {"steps": 0, "step_s": []}
         results[schedule].append({"returncode": returncode, "wall_s": wall_s, **summary})

@@ -207,17 +207,22 @@ def score_streamed(model, seqs: list[BenchSequence], scorer_kind: str, chunk_siz
         extend, finish = {}, {}
         for i in active:
             chunk = seqs[i].response_ids[offset : offset + chunk_size_tokens]
-            (finish if offset + chunk_size_tokens >= len(seqs[i].response_ids) else extend)[i] = chunk
+            if offset + chunk_size_tokens >= len(seqs[i].response_ids):
+                finish[i] = chunk
+            else:
+                extend[i] = chunk
         for chunks, finishing in ((extend, False), (finish, True)):
             if not chunks:
                 continue
             # the prompt is prefilled with the first chunk: count it as new, with no past
             new = {i: len(c) + (len(seqs[i].prompt_ids) if offset == 0 else 0) for i, c in chunks.items()}
             past = {i: 0 if offset == 0 else len(seqs[i].prompt_ids) + offset for i in chunks}
-            before, cached = scorer.stats().forward_calls, scorer.cached_tokens
+            before = scorer.stats().forward_calls
+            cached = scorer.cached_tokens
+            call = scorer.finish_many if finishing else scorer.extend_many
             _sync(model)
             t0 = time.perf_counter()
-            out = (scorer.finish_many if finishing else scorer.extend_many)(chunks)
+            out = call(chunks)
             _sync(model)
             if calls is not None:
                 calls.append({"chunk_size_tokens": chunk_size_tokens, "seqs": len(chunks),

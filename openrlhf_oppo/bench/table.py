@@ -1,5 +1,5 @@
 """The benches' printed tables: a figure over repeats or seeds as (median, min, max), its
-relative spread and its cell, shared by `bench schedules`, `bench convergence` and its final evaluation."""
+relative spread and its cell, shared by `bench schedules` and the lab's benches."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ Spread = tuple  # (median, min, max), all None when there is nothing
 def spread(values: Iterable[float | None]) -> Spread:
     """(median, min, max) of the values that are not None; Nones when there is none."""
     present = [v for v in values if v is not None]
-    return (statistics.median(present), min(present), max(present)) if present else (None, None, None)
+    if not present:
+        return (None, None, None)
+    return (statistics.median(present), min(present), max(present))
 
 
 def relative_spread(values: Iterable[float | None]) -> float | None:
@@ -30,7 +32,9 @@ def fmt(fig: Spread, spec: str, show_range: bool = True) -> str:
     med, lo, hi = fig
     if med is None:
         return "-"
-    return f"{med:{spec}} [{lo:{spec}}-{hi:{spec}}]" if show_range and lo != hi else f"{med:{spec}}"
+    if show_range and lo != hi:
+        return f"{med:{spec}} [{lo:{spec}}-{hi:{spec}}]"
+    return f"{med:{spec}}"
 
 
 def table_line(cells: list[str], widths: list[int]) -> str:
