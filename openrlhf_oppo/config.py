@@ -241,21 +241,6 @@ class StreamingConfig:
         "Stream into the critic (its cache is valid within one step only). Not routed by the "
         "OpenRLHF integration yet.",
     )
-    reference_actors: bool = _f(
-        False,
-        "Stream the reference into streaming reference actors that hold the whole frozen reference "
-        "model, on devices of their own or beside the engines (as the streaming reward actors hold the "
-        "reward model), instead of the training devices' ZeRO-3 copy; needs streaming.reference. A "
-        "simulator setting (openrlhf-oppo simulate): in a run the actors are placed as OpenRLHF places its "
-        "reference group, and the launcher refuses this flag.",
-    )
-    experience_ahead: bool = _f(
-        False,
-        "Forward each group through make_experience's models (old log-probs, values, reference) as soon "
-        "as it is certain to be in the step's batch, whole, on the weights the step trains from, while "
-        "the training devices wait for the batch; make_experience then forwards only what is left. A "
-        "simulator setting (openrlhf-oppo simulate), a projection: the launcher refuses it.",
-    )
     reward_pooling: str = _f(
         "last",
         "Where the streamed reward head reads: 'last' = the last token of prompt+response, as "
@@ -278,18 +263,6 @@ class StreamingConfig:
 
     def validate(self) -> None:
         _require(self.kv_budget_tokens >= 0, "streaming.kv_budget_tokens", "an integer >= 0", self.kv_budget_tokens)
-        _require(
-            self.reference or not self.reference_actors,
-            "streaming.reference_actors",
-            "false unless streaming.reference is true (the actors stream the reference)",
-            self.reference_actors,
-        )
-        _require(
-            not (self.experience_ahead and self.critic),
-            "streaming.experience_ahead",
-            "false with streaming.critic (both forward the values and old log-probs on the training devices)",
-            self.experience_ahead,
-        )
         _require(
             self.reward_pooling in REWARD_POOLING,
             "streaming.reward_pooling",

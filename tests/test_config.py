@@ -109,10 +109,10 @@ def test_streaming_scorers_follow_flags():
     assert C.StreamingConfig(enable=False).scorers() == ()
 
 
-def test_reference_actors_need_the_reference_streamed():
-    assert C.StreamingConfig(reference=True, reference_actors=True).scorers() == ("reward", "reference")
-    with pytest.raises(ValueError, match="streaming.reference_actors"):
-        C.StreamingConfig(reference_actors=True)
+def test_the_simulators_projections_are_not_settings_of_a_run():
+    for projection in ("reference_actors", "experience_ahead"):
+        with pytest.raises(ValueError, match=f"streaming.{projection}"):
+            C.from_dict({"streaming": {projection: True}})
 
 
 def test_bad_config_file_exits_with_one_line_error(tmp_path):

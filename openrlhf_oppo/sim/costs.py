@@ -279,7 +279,7 @@ def _prefill_terms(cfg: SimConfig, model: ModelShape, tp: int, scorer: bool = Tr
 
 
 def reference_actors(cfg: SimConfig, costs: CostModel) -> CostModel:
-    """OPPO's streaming reference actors (`streaming.reference_actors`) as reward servers of the
+    """OPPO's streaming reference actors (`projections.reference_actors`) as reward servers of the
     reference's shape: the streaming reward actor's `prefill_s`, with the actor's shape on one device
     (no tensor parallelism), one actor a `split.reference_gpus` device or, with 0, one beside each
     engine (a prefill pauses it). The log-softmax over the vocabulary is left out (the LM head's

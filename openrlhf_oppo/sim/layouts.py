@@ -21,7 +21,7 @@ The rules, from OpenRLHF 0.11.2's `cli/train_ppo_ray.py` and OPPO's integration:
                 `--train.colocate_critic_reward`) and the reward model its own or the critic's.
                 OPPO's streaming reward actors hold the whole model on devices of their own
                 (beside the critic: not modelled).
-    reference   OPPO's streaming reference actors (`streaming.reference_actors`) hold the whole
+    reference   OPPO's streaming reference actors (`projections.reference_actors`) hold the whole
                 reference: beside the engines (colocated or split), or, split, on a device of their
                 own a node (`split.reference_gpus`), which only such a schedule can use.
 
@@ -51,11 +51,11 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
     `critic`: the run has a critic; `ref_actors`: OPPO streams the reference into streaming
     reference actors; `async_admission`: OPPO admits the next step's groups while the trainer
     trains (`admits_async`); `ahead`: OPPO forwards committed groups while the engines generate
-    (`streaming.experience_ahead`)."""
+    (`projections.experience_ahead`)."""
     async_mode = schedule in ASYNC_BASELINES
     if split.reference_gpus and not ref_actors:
         return ("devices for streaming reference actors (split.reference_gpus) serve only OPPO streaming the "
-                "reference into them (streaming.reference and streaming.reference_actors)")
+                "reference into them (streaming.reference and projections.reference_actors)")
     if split.sleep and async_mode:
         return ("OpenRLHF refuses sleep mode with its async modes (\"Async RLHF is not supported with "
                 "--vllm.enable_sleep\")")
@@ -66,7 +66,7 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
         return ("OPPO refuses sleep mode with async admission (staleness.max_policy_lag >= 1): asleep, the engines "
                 "decode nothing while the models train")
     if split.sleep and ahead:
-        return ("streaming.experience_ahead forwards while the engines generate, when sleep mode has the DeepSpeed "
+        return ("projections.experience_ahead forwards while the engines generate, when sleep mode has the DeepSpeed "
                 "models offloaded")
     if streams_reward and split.reward_with_train:
         return ("streaming reward actors beside the DeepSpeed models (--train.colocate_critic_reward) are not "
@@ -98,10 +98,10 @@ def admits_async(cfg: SimConfig, schedule: str) -> bool:
 
 
 def forwards_ahead(cfg: SimConfig, schedule: str) -> bool:
-    """Whether `schedule` forwards committed groups ahead of the batch (`streaming.experience_ahead`)."""
+    """Whether `schedule` forwards committed groups ahead of the batch (`projections.experience_ahead`)."""
     if not is_oppo(schedule):
         return False
-    return schedule_oppo(cfg, schedule).streaming.experience_ahead
+    return cfg.projections.experience_ahead
 
 
 def syncs_in_background(cfg: SimConfig, schedule: str) -> bool:
@@ -117,7 +117,7 @@ def streams_reference_actors(cfg: SimConfig, schedule: str) -> bool:
     if not is_oppo(schedule):
         return False
     streaming = schedule_oppo(cfg, schedule).streaming
-    return "reference" in streaming.scorers() and streaming.reference_actors
+    return "reference" in streaming.scorers() and cfg.projections.reference_actors
 
 
 def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:

@@ -17,7 +17,7 @@ Per device (bytes), by the role's devices::
     reward devices     OPPO's streaming reward actor: the whole model (it has no tensor parallelism)
                        and its forward's working set (2 x max_batch_tokens of KV: the padded cache
                        copy and the new KV); OpenRLHF's reward model: a ZeRO-3 shard
-    reference devices  OPPO's streaming reference actors (`streaming.reference_actors`, on
+    reference devices  OPPO's streaming reference actors (`projections.reference_actors`, on
                        `split.reference_gpus` devices or beside the engines): the whole reference, its
                        forward's working set as the reward actor's, and its KV budget (the frozen
                        reference keeps each sequence's KV until it is trained); the training devices

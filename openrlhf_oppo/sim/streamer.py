@@ -1,9 +1,9 @@
 """Streamed make_experience forwards: OPPO's `streaming.reference` (the reference model's
 log-probs) and `streaming.critic` (the critic's values and the actor's old log-probs, the forwards
 of the weights being trained) on the training devices (`TrainStreamer`), or the reference on
-streaming reference actors of its own (`ReferenceActors`, `streaming.reference_actors`); or
+streaming reference actors of its own (`ReferenceActors`, `projections.reference_actors`); or
 make_experience's forwards of whole groups ahead of the batch (`ExperienceAhead`,
-`streaming.experience_ahead`).
+`projections.experience_ahead`).
 
 The training devices hold the reference, critic and actor. While they neither make experience
 nor train (in a disaggregated layout: while the engines generate) they prefill chunks as the
@@ -108,7 +108,7 @@ class TrainStreamer:
 
 
 class ExperienceAhead(TrainStreamer):
-    """`streaming.experience_ahead`: each group certain to be in the step's batch (the core's
+    """`projections.experience_ahead`: each group certain to be in the step's batch (the core's
     `committed_groups`) is forwarded whole through make_experience's `stages` (old log-probs;
     values with a critic; the reference unless it is streamed) on the training devices, while
     they wait for the batch and after the update the step trains from (`hold`), so nothing is
@@ -163,7 +163,7 @@ class ExperienceAhead(TrainStreamer):
 
 
 class ReferenceActors:
-    """OPPO's streaming reference actors (`streaming.reference_actors`): the reference held whole,
+    """OPPO's streaming reference actors (`projections.reference_actors`): the reference held whole,
     on `split.reference_gpus` devices or beside the engines, as the streaming reward actors hold the
     reward model, and costed as they are (a `Scorer` with the reference's shape:
     `costs.reference_actors`). A sample's chunks go to one actor, each chunk prefilled once on the

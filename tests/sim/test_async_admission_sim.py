@@ -101,9 +101,9 @@ def test_disaggregated_async_admission_shortens_the_step_at_the_preset_lengths(s
 
 
 def test_the_simulator_lists_oppos_schedules_and_one_registered_beside_them(monkeypatch):
+    monkeypatch.setattr(launch_schedules, "REGISTERED", {})  # none registered (the lab's tests register theirs)
     assert drivers.oppo_schedules() == ("oppo", "oppo-async", "oppo-async-bg")
     assert drivers.schedule_names() == (*drivers.BASELINES, *drivers.oppo_schedules())
-    monkeypatch.setattr(launch_schedules, "REGISTERED", {})  # the table as it was, after the test
     launch_schedules.register(launch_schedules.Schedule("eq4-registered", "OPPO with the eq. 4 Δ rule",
                                                         entry_module=launch_schedules.OPPO_ENTRY,
                                                         oppo={"delta": {"rule": "eq4"}}))

@@ -91,13 +91,6 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     if cfg.streaming.critic:
         raise ValueError("--oppo.streaming.critic: this version streams into the reward model and the reference "
                          "only (OpenRLHF computes values one-shot); leave it false")
-    if cfg.streaming.reference_actors:
-        raise ValueError("--oppo.streaming.reference_actors: a simulator setting (openrlhf-oppo simulate); in a run, "
-                         "--oppo.streaming.reference true streams into OpenRLHF's reference group, placed as "
-                         "OpenRLHF places it")
-    if cfg.streaming.experience_ahead:
-        raise ValueError("--oppo.streaming.experience_ahead: a simulator setting (openrlhf-oppo simulate), not "
-                         "a run's; leave it false")
     if cfg.staleness.background_sync:
         _check_background_sync(cfg, argv)
     if "reference" in cfg.streaming.scorers():

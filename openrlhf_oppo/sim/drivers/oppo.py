@@ -86,20 +86,20 @@ class OppoDriver(World):
         self.vectorized_advantages = oppo.train.vectorized_advantages
         self.reward_streamed = "reward" in self.sched.scorers
         self.ref_actors = None  # OPPO's streaming reference actors (sim.streamer), if the reference streams there
-        if "reference" in self.sched.scorers and oppo.streaming.reference_actors:
+        if "reference" in self.sched.scorers and cfg.projections.reference_actors:
             self.ref_actors = ReferenceActors(self, self.on_ref_streamed)
         on_train = tuple(n for n in self.sched.scorers
                          if n in TRAIN_STREAMED and not (n == "reference" and self.ref_actors is not None))
         if on_train:
             self.streamer = TrainStreamer(self, on_train, self.on_streamed)
-        self.ahead: ExperienceAhead | None = None  # streaming.experience_ahead
+        self.ahead: ExperienceAhead | None = None  # projections.experience_ahead
         self.ahead_groups: set[int] = set()  # groups handed to it, not yet trained
-        if oppo.streaming.experience_ahead:
+        if cfg.projections.experience_ahead:
             if on_train:
-                raise ValueError(f"streaming.experience_ahead: schedule {name} streams into the training devices' "
+                raise ValueError(f"projections.experience_ahead: schedule {name} streams into the training devices' "
                                  "models already")
             if cfg.split.sleep:
-                raise ValueError(f"streaming.experience_ahead: schedule {name} with split.sleep, whose models are "
+                raise ValueError(f"projections.experience_ahead: schedule {name} with split.sleep, whose models are "
                                  "offloaded while the engines generate")
             stages = ["old_logprobs"]
             if w.critic:

@@ -219,6 +219,22 @@ class PublishedRun:
 
 
 @dataclass(frozen=True)
+class Projections:
+    """Designs the simulator projects that no run can use yet (`--set projections.<name>=true`):
+    what they would buy, before they are built. Each applies to OPPO's schedules."""
+
+    reference_actors: bool = _f(False, "Stream the reference into streaming reference actors that hold the whole "
+                                       "frozen reference model, on devices of their own or beside the engines (as "
+                                       "the streaming reward actors hold the reward model), instead of the training "
+                                       "devices' ZeRO-3 copy; applies where a schedule streams the reference "
+                                       "(streaming.reference).")
+    experience_ahead: bool = _f(False, "Forward each group through make_experience's models (old log-probs, values, "
+                                       "reference) as soon as it is certain to be in the step's batch, whole, on the "
+                                       "weights the step trains from, while the training devices wait for the "
+                                       "batch; make_experience then forwards only what is left.")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """A whole simulated setup."""
 
@@ -237,6 +253,7 @@ class SimConfig:
                                        "each schedule's own (`schedule_oppo`).")
     paper: PaperTargets = _f(PaperTargets(), "The paper's ablation figures (calibration presets).")
     published: PublishedRun = _f(PublishedRun(), "A published run's figures (`python -m oppo_lab published`).")
+    projections: Projections = _f(Projections(), "Designs not built yet, simulated (`Projections`).")
 
 
 # ---------------------------------------------------------------------------- loading
@@ -387,9 +404,13 @@ def validate(cfg: SimConfig) -> None:
     _require(w.critic or not s.critic_gpus, "split.critic_gpus", "0 without a critic (workload.critic false)",
              s.critic_gpus)
     _require(s.reference_gpus >= 0, "split.reference_gpus", ">= 0", s.reference_gpus)
-    _require(not cfg.oppo.streaming.reference_actors or (cfg.hardware is not None and cfg.actor is not None),
-             "streaming.reference_actors", "false unless hardware and actor are set (the reference actors' "
-             "costs and memory are the roofline's)", cfg.oppo.streaming.reference_actors)
+    p = cfg.projections
+    _require(not p.reference_actors or (cfg.hardware is not None and cfg.actor is not None),
+             "projections.reference_actors", "false unless hardware and actor are set (the reference actors' "
+             "costs and memory are the roofline's)", p.reference_actors)
+    _require(not (p.experience_ahead and cfg.oppo.streaming.critic), "projections.experience_ahead",
+             "false with streaming.critic (both forward the values and old log-probs on the training devices)",
+             p.experience_ahead)
     gpus = s.devices_used
     if cfg.hardware is not None:
         _require(gpus <= s.gpus_per_node, "split", f"generate + score + reference (+ train + critic unless "

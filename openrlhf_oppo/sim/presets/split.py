@@ -32,7 +32,7 @@ class Split:
                                         "(OpenRLHF's colocated models): its forward runs in make_experience, after "
                                         "the others (needs score_gpus 0).")
     reference_gpus: int = _f(0, "Devices per node of OPPO's streaming reference actors "
-                                "(`streaming.reference_actors`), each holding the whole reference model; 0: one "
+                                "(`projections.reference_actors`), each holding the whole reference model; 0: one "
                                 "beside each engine (a prefill pauses its engine). Only a schedule that streams "
                                 "into them can use devices of their own.")
     engine_nodes: int = _f(0, "Nodes of rollout engines only, every device an engine's (TP within the node), "

@@ -1,4 +1,4 @@
-"""make_experience's forwards ahead of the batch (`streaming.experience_ahead`, sim.streamer's
+"""make_experience's forwards ahead of the batch (`projections.experience_ahead`, sim.streamer's
 `ExperienceAhead`): groups the core commits to the step's batch (`committed_groups`) are
 forwarded whole, in rounds of a micro-batch on every training device, while the training
 devices wait for the batch; make_experience forwards the rest."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_oppo.config import StreamingConfig
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts, presets
 from openrlhf_oppo.sim.drivers import simulate
@@ -20,7 +19,7 @@ SHORT = ["workload.steps=7", "workload.warmup_steps=2", "workload.seeds=1", "wor
 # a node: 1 vLLM / 3 actor / 3 critic / 1 reward
 OWN = ["split.colocate=false", "split.generate_gpus=1", "split.train_gpus=3", "split.critic_gpus=3",
        "split.score_gpus=1"]
-AHEAD = "streaming.experience_ahead=true"
+AHEAD = "projections.experience_ahead=true"
 STAGES = ("old_logprobs", "values", "ref_logprobs")
 
 
@@ -71,12 +70,12 @@ def test_ahead_forwards_run_only_while_the_trainer_waits_and_make_experience_for
 
 
 def test_refused_with_critic_streaming_and_with_sleep_mode_naming_the_setting():
-    with pytest.raises(ValueError, match=r"streaming\.experience_ahead.*false with streaming\.critic"):
-        StreamingConfig(experience_ahead=True, critic=True)
+    with pytest.raises(ValueError, match=r"projections\.experience_ahead.*false with streaming\.critic"):
+        presets.load_preset("paper-7b-h200", [AHEAD, "streaming.critic=true"])
     sleep = presets.load_preset("paper-7b-h200", [AHEAD, "split.colocate=true", "split.sleep=true",
                                                   "split.generate_gpus=8", "split.train_gpus=8",
                                                   "split.score_gpus=0", "split.tensor_parallel=2"])
-    with pytest.raises(ValueError, match=r"streaming\.experience_ahead: schedule oppo with split\.sleep"):
+    with pytest.raises(ValueError, match=r"projections\.experience_ahead: schedule oppo with split\.sleep"):
         simulate(sleep, cost_model.build(sleep), "oppo", 0)
     assert "sleep mode has the DeepSpeed models offloaded" in layouts.rule("oppo", sleep.split, True, True,
                                                                            ahead=True)

@@ -1,4 +1,4 @@
-"""OPPO's streaming reference actors (`streaming.reference_actors`): the whole frozen reference on
+"""OPPO's streaming reference actors (`projections.reference_actors`): the whole frozen reference on
 devices of its own or beside the engines, costed as the streaming reward actor (sim.streamer,
 sim.costs, sim.memory, sim.layouts)."""
 
@@ -17,7 +17,7 @@ from oppo_lab import schedules  # noqa: F401 (registers the ablations)
 
 SHORT = ["workload.steps=7", "workload.warmup_steps=2", "workload.seeds=1", "workload.batch_groups=32",
          "delta.init=8", "delta.max=16"]
-REF = ["streaming.reference=true", "streaming.reference_actors=true"]
+REF = ["streaming.reference=true", "projections.reference_actors=true"]
 # a node: 1 vLLM / 3 actor / 2 critic / 1 reward / 1 reference actor
 OWN = ["split.colocate=false", "split.generate_gpus=1", "split.train_gpus=3", "split.critic_gpus=2",
        "split.score_gpus=1", "split.reference_gpus=1"]
@@ -161,6 +161,8 @@ def test_the_layout_search_places_reference_actors_beside_the_engines_or_on_a_de
     assert "+ ref by vLLM" in layouts.describe(dataclasses.replace(own.split, reference_gpus=0), True)
 
 
-def test_reference_actors_need_the_reference_streamed():
-    with pytest.raises(ValueError, match="streaming.reference_actors"):
-        presets.load_preset("paper-7b-h200", ["streaming.reference_actors=true"])
+def test_reference_actors_apply_only_where_the_reference_streams():
+    cfg = presets.load_preset("paper-7b-h200", ["projections.reference_actors=true"])
+    assert not layouts.streams_reference_actors(cfg, "oppo")
+    with pytest.raises(ValueError, match="projections.reference_actors"):
+        presets.load_preset("cpu-longtail", ["projections.reference_actors=true"])  # no roofline to cost them
