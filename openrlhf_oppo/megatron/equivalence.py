@@ -14,12 +14,17 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from openrlhf_oppo.megatron.engine import MicroBatch, Settings
+
+SPAWN_TIMEOUT_S = 900.0  # one set of ranks, start to exit (a minute or two on a CPU host)
+GROUP_TIMEOUT_S = 600.0  # one gloo collective: a rank whose peer died ends instead of waiting 30 min
 
 
 @dataclass
@@ -84,7 +89,7 @@ def _megatron_rank(rank: int, world: int, tp: int, pp: int, port: int, case_path
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     try:
         case: Case = torch.load(case_path, weights_only=False)
         with on_cpu():
@@ -136,7 +141,19 @@ def _spawn(fn, case: Case, tp: int, pp: int, port: int, *extra, dp: int = 1) -> 
         case_path, out_path = Path(tmp) / "case.pt", Path(tmp) / "out.pt"
         torch.save(case, case_path)
         world = tp * pp * dp
-        mp.spawn(fn, args=(world, tp, pp, port, str(case_path), str(out_path), *extra), nprocs=world, join=True)
+        ranks = mp.start_processes(fn, args=(world, tp, pp, port, str(case_path), str(out_path), *extra),
+                                   nprocs=world, join=False)
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        try:
+            while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # raises when a rank failed
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{fn.__name__}: {world} Megatron ranks (TP={tp}, PP={pp}, DP={dp}) still "
+                                       f"running after {SPAWN_TIMEOUT_S:.0f}s")
+        finally:
+            for process in ranks.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(10)
         return torch.load(out_path, weights_only=False)
 
 
