@@ -39,7 +39,9 @@ class Patch:
 
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, inner, before, after):
-        self._inner, self._before, self._after = inner, before, after
+        self._inner = inner
+        self._before = before
+        self._after = after
 
     def create_module(self, spec):
         return self._inner.create_module(spec)

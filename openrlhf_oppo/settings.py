@@ -30,7 +30,8 @@ from typing import Any
 ARGV = "argv"  # command-line text: "true"/"false", "8", "64,128" parse; anything else of the wrong type is refused
 YAML = "yaml"  # typed YAML values: an integral float is an int, any scalar is a str, PyYAML's "1.0e12" a float
 TEXT_RULES = (ARGV, YAML)
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
 
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:
@@ -253,7 +254,10 @@ class Codec:
         for name, _, _ in leaves(type(obj)):
             value = get_path(obj, name)
             argv.append(f"--{self.flag(name)}")
-            argv += [str(v) for v in value] if isinstance(value, tuple) else [shown(value)]
+            if isinstance(value, tuple):
+                argv += [str(v) for v in value]
+            else:
+                argv.append(shown(value))
         return argv
 
     def flag_tables(self, cls: type) -> list[str]:
@@ -266,9 +270,12 @@ class Codec:
                       inspect.getdoc(hints[section.name]) or "", "",
                       "| flag | type | default | meaning |", "|---|---|---|---|"]
             for name, tp, f in leaves(hints[section.name], section.name):
-                kind = f"list of {typing.get_args(tp)[0].__name__}" if typing.get_origin(tp) is tuple else tp.__name__
                 if "choices" in f.metadata:
                     kind = " \\| ".join(f"`{c}`" for c in f.metadata["choices"])
+                elif typing.get_origin(tp) is tuple:
+                    kind = f"list of {typing.get_args(tp)[0].__name__}"
+                else:
+                    kind = tp.__name__
                 text = f.metadata["help"].replace("|", "\\|")
                 lines.append(f"| `--{self.flag(name)}` | {kind} | `{shown(get_path(defaults, name))}` | {text} |")
         return lines

@@ -55,7 +55,8 @@ class Recorder:
         with self._lock:
             if self._fh is None or self._pid != pid:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                self._fh, self._pid = open(self.directory / f"{self.host}-{pid}.jsonl", "a", buffering=1), pid
+                self._fh = open(self.directory / f"{self.host}-{pid}.jsonl", "a", buffering=1)
+                self._pid = pid  # a forked child opens a file of its own
             self._fh.write(line)
 
     def span(self, role: str, stage: str, t0: float, t1: float, **attrs) -> None:
@@ -64,7 +65,8 @@ class Recorder:
 
     def open_sample(self, role: str) -> tuple[int, float]:
         """A response starts decoding: (key, start time) to pass to `sample` when it ends."""
-        key, t0 = next(self._keys), time.time()
+        key = next(self._keys)
+        t0 = time.time()
         if self.enabled:
             self._write("open", role, t0, t0, {"key": key})
         return key, t0

@@ -74,15 +74,21 @@ def _learning(root: Path, steps: int) -> list[str]:
         if not exact or len(exact) != len(lengths):  # not the learn task's prompts
             return None
         sft = [baseline[s["prompt"]][1] for r in rows for s in r["samples"] if s["prompt"] in baseline]
-        return {"exact": sum(exact) / len(exact), "sft": sum(sft) / len(sft) if len(sft) == len(exact) else None,
-                "tokens": sum(lengths) / len(lengths),
-                "at_cap": sum(n >= cap for n in lengths) / len(lengths) if cap else 0.0}
+        sft_exact = None  # only where the baseline holds every trained sample's prompt
+        if len(sft) == len(exact):
+            sft_exact = sum(sft) / len(sft)
+        at_cap = 0.0
+        if cap:
+            at_cap = sum(n >= cap for n in lengths) / len(lengths)
+        return {"exact": sum(exact) / len(exact), "sft": sft_exact, "tokens": sum(lengths) / len(lengths),
+                "at_cap": at_cap}
 
     first, last = figures(records[:steps]), figures(records[-steps:])
     if first is None or last is None:
         return []
-    sft = (f" (the SFT policy on the same prompts: {first['sft']:.2f} -> {last['sft']:.2f})"
-           if first["sft"] is not None and last["sft"] is not None else "")
+    sft = ""
+    if first["sft"] is not None and last["sft"] is not None:
+        sft = f" (the SFT policy on the same prompts: {first['sft']:.2f} -> {last['sft']:.2f})"
     return [f"exact match {first['exact']:.2f} -> {last['exact']:.2f}{sft}; mean response {first['tokens']:.0f} -> "
             f"{last['tokens']:.0f} tokens; at the {cap}-token cap {first['at_cap']:.0%} -> {last['at_cap']:.0%} "
             f"(trained samples, first {steps} steps -> last {steps}, rollouts.jsonl)"]
@@ -110,11 +116,12 @@ def heldout(root: Path) -> list[str]:
           f"({evaluation.SAMPLES_PER_PROMPT} samples each) ...", flush=True)
     with _output_to(root / "train.log"):  # transformers', DeepSpeed's and OpenRLHF's loading lines, as in the run
         prompts, figs = evaluation.evaluate_against_sft(assets.root, spec, {"run": model}, trained)
-    sft, run_ = figs["sft"], figs["run"]
+    sft = figs["sft"]
+    final = figs["run"]
     return [f"held out ({prompts} prompts no step trained on), the SFT policy -> this run's final actor: exact match "
-            f"{sft['exact_match']:.3f} -> {run_['exact_match']:.3f}; learned reward {sft['mean_reward']:+.3f} -> "
-            f"{run_['mean_reward']:+.3f}; at the {spec.max_new_tokens}-token cap {sft['at_cap']:.1%} -> "
-            f"{run_['at_cap']:.1%}"]
+            f"{sft['exact_match']:.3f} -> {final['exact_match']:.3f}; learned reward {sft['mean_reward']:+.3f} -> "
+            f"{final['mean_reward']:+.3f}; at the {spec.max_new_tokens}-token cap {sft['at_cap']:.1%} -> "
+            f"{final['at_cap']:.1%}"]
 
 
 def _run_flags(root: Path) -> dict[str, str]:

@@ -29,8 +29,17 @@ from collections.abc import Iterator
 
 MEGATRON_CORE_VERSION = "0.16.1"
 
-_CUDA_STUBS = {"current_device": lambda: 0, "synchronize": lambda *a, **k: None}
-"""torch.cuda functions answered as a one-device CPU would (index 0 is mapped to the CPU)."""
+
+def _current_device() -> int:
+    return 0  # index 0 is mapped to the CPU
+
+
+def _synchronize(*args, **kwargs) -> None:
+    """Nothing to wait for: CPU work is done when the call returns."""
+
+
+_CUDA_STUBS = {"current_device": _current_device, "synchronize": _synchronize}
+"""torch.cuda functions answered as a one-device CPU would."""
 
 _lock = threading.Lock()
 _depth = 0
@@ -62,7 +71,9 @@ def _mode_class():
                 return args[0]
             if func is torch.Tensor.type and len(args) == 1 and not kwargs:
                 name = func(*args)
-                return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+                if ".cuda." in name:
+                    return name
+                return name.replace("torch.", "torch.cuda.", 1)
             if _is_cuda(kwargs.get("device")):
                 kwargs["device"] = "cpu"
             if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):

@@ -198,7 +198,9 @@ def vllm_sleep_standin(module) -> None:
                 await self.llm.resume_generation()
 
     for cls in (plain, wrapped):
-        cls.__init__, cls.sleep, cls.wake_up = __init__, sleep, wake_up
+        cls.__init__ = __init__
+        cls.sleep = sleep
+        cls.wake_up = wake_up
 
 
 # The columns each dataset class keeps (openrlhf 0.11.2, `self.<attr> = processed_dataset[...]`).

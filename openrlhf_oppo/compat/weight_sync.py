@@ -61,7 +61,8 @@ def gathered_weights(trainer):
     --ds.tensor_parallel_size > 1), and a VLM's frozen vision encoder is not synced."""
     import deepspeed
 
-    ds, model = trainer.strategy.args.ds, trainer.actor.model.module
+    ds = trainer.strategy.args.ds
+    model = trainer.actor.model.module
     vlm = getattr(trainer.actor, "is_vlm", False)
     for name, param in model.named_parameters():
         if vlm and not param.requires_grad:

@@ -18,7 +18,10 @@ from openrlhf_oppo.megatron import model as mmodel
 
 
 def _hf_shapes(shape: mmodel.Shape, layer: int) -> dict[str, tuple[int, ...]]:
-    h, q, kv, f = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.ffn
+    h = shape.hidden
+    q = shape.heads * shape.head_dim  # query projection width
+    kv = shape.kv_heads * shape.head_dim  # key / value projection width
+    f = shape.ffn
     p = f"model.layers.{layer}."
     out = {p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (q, h),
            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h)}
@@ -77,12 +80,18 @@ def hf_weights(module, shape: mmodel.Shape) -> Iterator[tuple[str, torch.Tensor]
 
     own = {k: v.detach() for k, v in module.state_dict().items() if not k.endswith("._extra_state")}
     pp, stage = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
-    pp_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) if pp > 1 else [dist.get_rank()]
+    if pp > 1:
+        pp_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+    else:
+        pp_ranks = [dist.get_rank()]
     dtype = next(iter(own.values())).dtype
     per_stage = shape.layers // pp
 
     def from_stage(owner: int, shapes: dict[str, tuple[int, ...]], build: Callable[[], dict[str, torch.Tensor]]):
-        tensors = build() if owner == stage else {n: torch.empty(s, dtype=dtype) for n, s in shapes.items()}
+        if owner == stage:
+            tensors = build()
+        else:  # filled by the owner's broadcast
+            tensors = {n: torch.empty(s, dtype=dtype) for n, s in shapes.items()}
         for name in shapes:
             t = tensors[name].contiguous()
             if pp > 1:

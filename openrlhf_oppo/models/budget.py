@@ -71,9 +71,13 @@ def auto_kv_budget(config, dtype, device, share: int = 1, forward_reserve_tokens
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        fraction, share, where = CUDA_FRACTION, 1, f"free memory of {device}"
+        fraction = CUDA_FRACTION
+        share = 1  # a GPU's memory is its own scorer's
+        where = f"free memory of {device}"
     else:
-        free, fraction, where = host_available_bytes(), CPU_FRACTION, "available host memory"
+        free = host_available_bytes()
+        fraction = CPU_FRACTION
+        where = "available host memory"
     reserve = forward_reserve_tokens * per_token
     tokens = budget_from_free_bytes(free - reserve * share, config, dtype_bytes, fraction, share)
     layers, kv_heads, head_dim = kv_shape(config)

@@ -38,7 +38,8 @@ class PaddedPastLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_len_tokens: int):
         super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
+        self.dtype = keys.dtype
+        self.device = keys.device
         self.keys = keys
         self.values = values
         self.is_initialized = True
@@ -58,7 +59,8 @@ class PaddedPastLayer(DynamicLayer):
 def padded_inputs(past: list[int], new: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(input_ids, position_ids, attention_mask)` of one micro-batch: shapes (B, N), (B, N)
     and (B, L + N), for sequences with `past[i]` cached tokens and `new[i]` tokens to run."""
-    batch, max_past, max_new = len(new), max(past), max(len(n) for n in new)
+    batch = len(new)
+    max_past, max_new = max(past), max(len(n) for n in new)
     input_ids = torch.zeros(batch, max_new, dtype=torch.long)
     position_ids = torch.zeros(batch, max_new, dtype=torch.long)
     attention_mask = torch.zeros(batch, max_past + max_new, dtype=torch.long)

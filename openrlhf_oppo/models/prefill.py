@@ -279,13 +279,16 @@ class PrefillEngine:
         max_past = max_new = 0
         for seq_id in order:
             seq = self._seqs[seq_id]
-            past, new = seq.cached_len_tokens, len(seq.token_ids) - seq.cached_len_tokens
-            p, n = max(max_past, past), max(max_new, new)
-            if cur and (len(cur) + 1) * (p + n) > self.max_batch_tokens:
+            past = seq.cached_len_tokens
+            new = len(seq.token_ids) - past
+            # a micro-batch pads each sequence to its longest past and its longest new tokens
+            if cur and (len(cur) + 1) * (max(max_past, past) + max(max_new, new)) > self.max_batch_tokens:
                 groups.append(cur)
-                cur, p, n = [], past, new
+                cur = []
+                max_past = max_new = 0
             cur.append(seq_id)
-            max_past, max_new = p, n
+            max_past = max(max_past, past)
+            max_new = max(max_new, new)
         if cur:
             groups.append(cur)
         return groups

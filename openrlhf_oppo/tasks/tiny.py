@@ -254,7 +254,8 @@ def fit_trap(actor, tokenizer, spec: TinyModelSpec) -> None:
             h = actor.model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
             hidden.append(h[prompt_len - 1 :])  # positions whose next token is part of the response
             in_trap.append(torch.tensor(ids[prompt_len - 1 :]) == trap)
-        hidden, in_trap = torch.cat(hidden), torch.cat(in_trap).long()  # (N, H), (N,) regime 0/1
+        hidden = torch.cat(hidden)  # (N, H)
+        in_trap = torch.cat(in_trap).long()  # (N,) regime 0/1
         # wanted[regime] = (P(EOS), P(trap)) of the next token; regime 1: current token is the trap
         wanted = torch.tensor([[spec.eos_prob, spec.trap_entry_prob], [spec.trap_eos_prob, spec.trap_stay_prob]])
         others_lse = torch.logsumexp(hidden @ weight[others].float().T, dim=-1)  # (N,)

@@ -7,7 +7,7 @@ request; the engine's outbox is drained once a chunk is due (`OppoRolloutActor.n
 so a reply held ~C single-token deltas per sample. One merged delta per sample and
 version is ~C times fewer Python objects to pickle, send and feed to the scheduler core.
 `Outbox` holds an engine's deltas until the driver drains them. Pure
-Python: imports neither Ray nor vLLM (a synthetic engine, `bench control-plane`, uses it too).
+Python: imports neither Ray nor vLLM (the lab's synthetic engine, `python -m oppo_lab control-plane`, uses it too).
 """
 
 from __future__ import annotations

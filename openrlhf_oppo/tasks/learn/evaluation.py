@@ -1,7 +1,7 @@
 """Measurements of the learn task: the reward model's held-out accuracy, a policy's samples
 (exact match, lengths, learned reward, how the reward model judges the policy's own
 mistakes), the SFT policy's per-prompt baseline, and the final actors of PPO runs on
-held-out prompts (`bench convergence`). Models run in bf16, as PPO runs them."""
+held-out prompts (`python -m oppo_lab convergence`). Models run in bf16, as PPO runs them."""
 
 from __future__ import annotations
 
@@ -112,7 +112,11 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def _band(n_words: int, lengths: LengthLaw) -> str:
-    return "short" if n_words <= lengths.short[1] else "mid" if n_words <= lengths.mid[1] else "long"
+    if n_words <= lengths.short[1]:
+        return "short"
+    if n_words <= lengths.mid[1]:
+        return "mid"
+    return "long"
 
 
 def auc(positives: list[float], negatives: list[float]) -> float | None:
@@ -185,8 +189,8 @@ def sft_baseline(assets: LearnAssets, spec: LearnSpec, reward_model, tokenizer,
     """Per RL prompt (prompts.jsonl, in order): the SFT policy's mean learned reward and
     exact-match rate over `samples` samples at T=1 (seed spec.seed + 1). A PPO step's reward
     minus this baseline of the prompts it trained on measures what the policy has learned
-    rather than which prompts the step drew (`bench convergence`'s reward gain): a step of
-    long lists scores far below one of short lists, whatever the policy."""
+    rather than which prompts the step drew (the reward gain the lab's convergence study
+    reports): a step of long lists scores far below one of short lists, whatever the policy."""
     prompts = read_jsonl(assets.prompts)
     records = [r for r in prompts for _ in range(samples)]
     _, _, texts, rewards = _scored_samples(assets.actor, records, spec, spec.seed + 1, reward_model, tokenizer)

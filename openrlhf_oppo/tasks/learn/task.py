@@ -32,7 +32,12 @@ class LengthLaw:
 
     def sample(self, rng: random.Random) -> int:
         u = rng.random()
-        band = self.long if u < self.p_long else self.mid if u < self.p_long + self.p_mid else self.short
+        if u < self.p_long:
+            band = self.long
+        elif u < self.p_long + self.p_mid:
+            band = self.mid
+        else:
+            band = self.short
         return rng.randint(*band)
 
 
@@ -152,7 +157,10 @@ def mistake(kind: str, prompt: str, rng: random.Random, cap: int = RESPONSE_CAP)
     """A wrong answer of the given kind for `prompt`, or None where the kind does not apply;
     `cap` is the response cap a `loop` runs to."""
     source = parse_prompt(prompt)
-    wrong = loop_response(source[::-1], cap) if kind == "loop" else MISTAKES[kind](source[::-1], source, rng)
+    if kind == "loop":
+        wrong = loop_response(source[::-1], cap)
+    else:
+        wrong = MISTAKES[kind](source[::-1], source, rng)
     return None if wrong is None else " ".join(wrong)
 
 
