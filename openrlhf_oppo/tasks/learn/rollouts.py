@@ -81,9 +81,14 @@ def trained_samples(record: dict, text: ResponseText | None) -> dict:
             exact = None
             continue
         try:
-            exact.append(exact_match(sample["prompt"], response, *([text.eos_token] if text else [])))
+            if text:
+                matched = exact_match(sample["prompt"], response, text.eos_token)
+            else:
+                matched = exact_match(sample["prompt"], response)
         except ValueError:  # not a learn-task prompt: no ground truth
             exact = None
+            continue
+        exact.append(matched)
     return {"lengths": lengths, "exact": exact, "mismatches": mismatches}
 
 
