@@ -61,7 +61,8 @@ def reference_step(case: Case) -> dict:
             return [actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask) for mb in case.batches]
 
     before = log_probs()
-    losses, gas = [], len(case.batches)
+    losses = []
+    gas = len(case.batches)  # gradient accumulation steps: one optimizer step over every micro-batch
     no_mesh = type("Strategy", (), {})()  # one data-parallel rank: no device mesh
     for mb, norm in iter_grad_accum_global_norm(case.batches, no_mesh, gas, lambda mb: mb.action_mask):
         lp = actor(mb.sequences, mb.action_mask, attention_mask=mb.attention_mask)

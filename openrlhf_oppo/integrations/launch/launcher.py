@@ -274,7 +274,10 @@ class _Follower:
     def __init__(self, path: Path, offset: int, poll_s: float = 0.2, keep=None, in_place: bool | None = None):
         import threading
 
-        self.path, self.offset, self.poll_s, self.keep = path, offset, poll_s, keep
+        self.path = path
+        self.offset = offset
+        self.poll_s = poll_s
+        self.keep = keep
         self.in_place = sys.stdout.isatty() if in_place is None else in_place
         self._pending = ""  # with `keep`: the start of a line not yet ended
         self._bar_open = False  # in place: a progress line is drawn and not ended
@@ -336,7 +339,8 @@ class _Follower:
         if self.in_place and _PROGRESS.match(line):
             opened, self._bar_open = self._bar_open, True
             return f"\r{line}\x1b[K" if opened else line
-        ended, self._bar_open = "\n" if self._bar_open else "", False
+        ended = "\n" if self._bar_open else ""
+        self._bar_open = False
         return f"{ended}{line}\n"
 
 
