@@ -122,6 +122,7 @@ def test_bad_config_file_exits_with_one_line_error(tmp_path):
         [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path)],
         capture_output=True,
         text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -144,6 +145,7 @@ def test_config_command_prints_resolved_yaml(tmp_path):
         ],
         capture_output=True,
         text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     import yaml
@@ -159,6 +161,7 @@ def test_unknown_yaml_key_exits_with_one_line_error(tmp_path):
         [sys.executable, "-m", "openrlhf_oppo.cli.main", "config", "--config", str(path)],
         capture_output=True,
         text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "oppo.chunk.size" in proc.stderr

@@ -23,7 +23,7 @@ def test_the_sampler_counts_a_child_process_cpu_and_keeps_it_after_the_child_exi
     """))
     out = tmp_path / cpu_use.FILE
     with cpu_use.Sampler(out, interval_s=0.1):
-        subprocess.run([sys.executable, str(burn)], check=True)
+        subprocess.run([sys.executable, str(burn)], check=True, timeout=120)
         after = cpu_use.Sampler(tmp_path / "other.jsonl").sample()  # the child is gone: not under us any more
     head, samples = cpu_use.read(out)
     assert head == cpu_use.host() and head["cores"] >= 1

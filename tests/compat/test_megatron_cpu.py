@@ -52,7 +52,8 @@ def test_the_mode_is_per_thread():
     with megatron_cpu.on_cpu():
         thread = threading.Thread(target=other)
         thread.start()
-        thread.join()
+        thread.join(timeout=30)
+    assert not thread.is_alive(), "the other thread's CUDA call did not return in 30 s"
     assert seen["other"] == "refused"
 
 

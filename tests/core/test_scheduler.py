@@ -34,7 +34,7 @@ def test_core_and_simulator_import_without_heavy_dependencies():
     )
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 

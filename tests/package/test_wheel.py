@@ -34,12 +34,12 @@ def test_wheel_holds_the_presets_and_no_lab_code(tmp_path):
     # nothing untracked (or stale in build/lib) can slip into the wheel.
     src = tmp_path / "src"
     tracked = subprocess.run(["git", "ls-files", "pyproject.toml", "README.md", "openrlhf_oppo", "oppo_lab"], cwd=REPO,
-                             capture_output=True, text=True, check=True).stdout.split()
+                             capture_output=True, text=True, check=True, timeout=60).stdout.split()
     for rel in tracked:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, src / rel)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           str(src), "-w", str(tmp_path / "dist")], capture_output=True, text=True)
+                           str(src), "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("openrlhf_oppo-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())

@@ -1,5 +1,6 @@
-"""Shared test set-up. Test folders have no __init__.py (OpenRLHF's wheel ships a
-top-level `tests` package); pytest runs with --import-mode=importlib.
+"""Test set-up shared by the product's tests (`tests/`) and the lab's (`oppo_lab/tests/`). Test
+folders have no __init__.py (OpenRLHF's wheel ships a top-level `tests` package); pytest runs
+with --import-mode=importlib.
 
 No test waits forever on a build lock or outlives a SIGTERM: every process a test
 starts builds DeepSpeed's ops in the project cache, as a run's processes do (not in
