@@ -110,12 +110,7 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     _T("openrlhf.datasets.sft_dataset.SFTDataset", "patched", "compat.patches"),
     # the ZeRO-3 gather check of the compat layer
     _T("openrlhf.models.Actor", "called", "compat.zero3_check"),
-    # the learnable task's SFT policy and reward model, trained by OpenRLHF's own trainers in fp32
-    _T("openrlhf.cli.train_sft", "called", "tasks.learn.trainers"),
-    _T("openrlhf.cli.train_rm", "called", "tasks.learn.trainers"),
-    _T("openrlhf.utils.utils.convert_to_torch_dtype", "patched", "tasks.learn.trainers"),
-    _T("openrlhf.utils.deepspeed.deepspeed.DeepspeedStrategy.setup_dataloader", "patched", "tasks.learn.trainers"),
-    _T("openrlhf.datasets.SFTDataset", "patched", "tasks.learn.trainers"),  # __getitem__: a loop record has no end
+    # the learnable task's reward model, scored as OpenRLHF loads it
     _T("openrlhf.models.get_llm_for_sequence_regression", "called", "tasks.learn.evaluation"),
     # the Megatron backend trains with OpenRLHF's losses and normalisation; its check runs OpenRLHF's actor
     _T("openrlhf.models.loss.PolicyLoss", "called", "megatron.engine"),
@@ -157,12 +152,13 @@ def _resolve(symbol: str) -> object:
     raise ImportError(symbol)
 
 
-def missing() -> list[str]:
-    """Rows whose symbol the installed OpenRLHF lacks, with the error."""
+def missing(touch_points: tuple[Touch, ...] = TOUCH_POINTS, package: str = "openrlhf_oppo") -> list[str]:
+    """Rows whose symbol the installed OpenRLHF lacks, with the error (`package`: whose modules
+    the rows' `where` names)."""
     out = []
-    for touch in TOUCH_POINTS:
+    for touch in touch_points:
         try:
             _resolve(touch.symbol)
         except (ImportError, AttributeError) as exc:
-            out.append(f"{touch.symbol} ({touch.how} by openrlhf_oppo.{touch.where}): {exc!r}")
+            out.append(f"{touch.symbol} ({touch.how} by {package}.{touch.where}): {exc!r}")
     return out

@@ -1,5 +1,5 @@
 """A SIGTERM to the test runner ends it (`timeout 300 python -m pytest ...` must end):
-tests/conftest.py turns it into `pytest.exit`, and the launcher leaves a handler the
+the repository's conftest.py turns it into `pytest.exit`, and the launcher leaves a handler the
 process's owner installed in place, so a run a test launched in-process is ended with
 the session rather than asked for a graceful stop that the session outlives."""
 
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # where the conftest.py of the tests sits
 # pytest's exit after the signal, the launcher ending its child's session included: a few
 # seconds, more on a loaded machine
 END_S = 30.0
@@ -48,9 +48,9 @@ time.sleep(600)
 
 
 def _run_until_ready(tmp_path: Path, test_source: str) -> tuple[subprocess.Popen, int]:
-    """pytest on one test file beside a copy of tests/conftest.py, started in its own
+    """pytest on one test file beside a copy of the repository's conftest.py, started in its own
     session; returns once the probe wrote its pid."""
-    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_probe.py").write_text(test_source)
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     ready = tmp_path / "ready"

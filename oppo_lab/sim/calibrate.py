@@ -195,7 +195,7 @@ def write_preset(out: Path, found: dict, base_name: str, run_dirs: list[Path], p
     seen = {True: "measured", False: f"kept from {base_name} (no overlap in these runs)"}
     exp_over, tr_over = n["overheads"]
     head = [
-        f"# Calibrated by `openrlhf-oppo simulate calibrate {' '.join(map(str, run_dirs))}`",
+        f"# Calibrated by `python -m oppo_lab calibrate {' '.join(map(str, run_dirs))}`",
         f"# on {datetime.date.today().isoformat()}: {n['responses']} responses, {n['steps']} steps, "
         f"{n['reward_calls']} reward calls with token counts.",
         "# decode: each response's life cut where its engine's batch b or the trainer changed;",
