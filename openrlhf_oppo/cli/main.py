@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 
 SUBCOMMANDS = {
     "train": ("openrlhf_oppo.cli.train", "run OpenRLHF PPO (baselines) or OPPO on a YAML config"),
@@ -29,29 +30,35 @@ SUBCOMMANDS = {
 }
 
 
-def _usage() -> str:
-    lines = ["usage: openrlhf-oppo <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+def _usage(prog: str, commands: Mapping[str, tuple[str, str]]) -> str:
+    width = max(len(name) for name in commands) + 1
+    lines = [f"usage: {prog} <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in commands.items()]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def dispatch(prog: str, commands: Mapping[str, tuple[str, str]], argv: list[str]) -> int:
+    """Run the command `argv[0]` of `commands` (name -> ("module" or "module:function", help);
+    the function defaults to `main`) with the rest of `argv`. A ValueError (a config or flag
+    check naming the field) is one line and exit 2, not a traceback."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+        print(_usage(prog, commands))
         return 0
     name, rest = argv[0], argv[1:]
-    if name not in SUBCOMMANDS:
-        print(f"openrlhf-oppo: unknown command '{name}'; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+    if name not in commands:
+        print(f"{prog}: unknown command '{name}'; choose one of: {', '.join(commands)}", file=sys.stderr)
         return 2
-    module_name = SUBCOMMANDS[name][0]
-    module = importlib.import_module(module_name)
+    module_name, _, function = commands[name][0].partition(":")
+    entry = getattr(importlib.import_module(module_name), function or "main")
     try:
-        return int(module.main(rest) or 0)
+        return int(entry(rest) or 0)
     except ValueError as exc:
-        # Config validation errors name the field; one line, no traceback.
-        print(f"openrlhf-oppo {name}: error: {exc}", file=sys.stderr)
+        print(f"{prog} {name}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch("openrlhf-oppo", SUBCOMMANDS, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
