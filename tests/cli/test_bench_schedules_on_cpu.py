@@ -1,5 +1,6 @@
 """`openrlhf-oppo bench schedules` reads real runs: the session's sync and OPPO runs
-(shared with the other *_on_cpu tests, so no extra training run here)."""
+(shared with the other *_on_cpu tests, so no extra training run here; the OPPO run is in
+OpenRLHF's hybrid engine)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,9 @@ import pytest
 from openrlhf_oppo.bench import cpu_use
 from openrlhf_oppo.bench import schedules as bench_schedules
 
-pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
-
-def test_run_summaries_and_ratios_from_real_runs_on_cpu(train_runs, sync_run):
-    oppo_run = train_runs("oppo")
-    assert oppo_run.returncode == 0, oppo_run.failure()
+@pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
+def test_run_summaries_and_ratios_from_real_runs_on_cpu(oppo_run, sync_run):
     sync = bench_schedules.summarize_run(sync_run.root, warmup_steps=1)
     oppo = bench_schedules.summarize_run(oppo_run.root, warmup_steps=1)
     assert sync["steps"] == 4 and len(sync["step_s"]) == 3 and all(s > 0 for s in sync["step_s"])

@@ -1,14 +1,17 @@
-"""OpenRLHF setups a user brings, run with OPPO for real on CPU (2 or 3 steps, tiny models,
-logical GPUs). Two runs cover the cells, each combining cells that do not interact (a run
-costs about a minute of start-up here, so CI time decides):
+"""OpenRLHF setups a user brings, run with OPPO for real on CPU (tiny models, logical GPUs).
+The cells ride on the session's runs (tests/cli/conftest.py) where their flags combine, since a
+run costs about a minute of start-up here:
 
-- rule run (`hybrid_rule_run`, shared with the hybrid-engine tests): `--train.colocate_all`
-  with sleep mode, a `.py` reward function with `group_norm`, `--eval.dataset` every step,
-  wandb configured without a key (offline);
-- model run: `--train.colocate_actor_ref` and `--train.colocate_critic_reward`, the reward
-  model named by a hub id resolved from a local hub cache, `--reward.normalize_enable`,
-  `--ds.attn_implementation eager`, 2 vLLM engines with n=4 (whole groups on one engine;
-  colocate_all would need one engine per actor GPU).
+- `oppo_run`: `--train.colocate_all` with sleep mode (the hybrid engine), the reward model named
+  by a hub id resolved from a local hub cache, `--reward.normalize_enable` (checked against
+  OpenRLHF's reward forward in test_train_oppo_on_cpu), `--ds.attn_implementation eager`;
+- `megatron_run`: a `.py` reward function with `group_norm`, wandb configured without a key
+  (offline).
+
+`slow` (left out of CI's run for time, `-m slow` runs them): a run with
+`--train.colocate_actor_ref --train.colocate_critic_reward` and 2 vLLM engines with n=4 (whole
+groups on one engine; colocate_all would need one engine per actor GPU), and the hybrid engine
+with a reward function and `--eval.dataset` every step (`hybrid_rule_run`).
 
 An HTTP reward endpoint goes through the same engine code as the `.py` function
 (`OppoRolloutActor._reward`, OpenRLHF's executor): tests/integrations/runtime/test_rule_rewards.py
@@ -16,9 +19,7 @@ drives it against a real server on 127.0.0.1."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -30,25 +31,11 @@ pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRL
 
 TWO_STEPS = ("--data.max_samples", "8")  # 8 prompts / 4 per step
 RULE_STEPS = 3  # the hybrid_rule_run fixture (tests/cli/conftest.py): 12 prompts / 4 per step
-
-
-@contextlib.contextmanager
-def environ(**values: str):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
-def _trace(run) -> list[dict]:
-    return [json.loads(line) for line in (run.root / "oppo_trace.jsonl").read_text().splitlines()]
+OPPO_STEPS = 4  # the oppo_run and megatron_run fixtures: 16 prompts / 4 per step
 
 
 def _trained(run) -> list[dict]:
-    return [g for row in _trace(run) for g in row["trained"]]
+    return [g for row in run.trace() for g in row["trained"]]
 
 
 def _reward_loads(run) -> list[dict]:
@@ -69,7 +56,7 @@ def _prompts(run) -> dict[str, str]:
 
 def _check_steps(run, steps: int) -> None:
     assert run.returncode == 0, run.failure()
-    trace = _trace(run)
+    trace = run.trace()
     assert [row["step"] for row in trace] == list(range(steps))
     assert all(len(row["trained"]) == 4 for row in trace)
 
@@ -94,142 +81,46 @@ def _check_rule_rewards(run, reward_py: Path) -> int:
     return checked
 
 
-# ---------------------------------------------------------------- runs
+# ---------------------------------------------------------------- the hybrid engine, a reward model by hub id
 
 
-@pytest.fixture(scope="module")
-def rule_run(hybrid_rule_run):
-    return hybrid_rule_run
-
-
-def _hub_cache(root: Path, source: Path, repo: str, mean: float, std: float) -> None:
-    """`repo` in a Hugging Face hub cache under `root`, as a download leaves it: the reward
-    model of `source` with normalisation constants in its config."""
-    rev = "0123456789abcdef0123456789abcdef01234567"
-    repo_dir = root / f"models--{repo.replace('/', '--')}"
-    snap = repo_dir / "snapshots" / rev
-    snap.mkdir(parents=True)
-    for f in source.iterdir():
-        if f.is_file():
-            (snap / f.name).write_bytes(f.read_bytes())
-    config = json.loads((snap / "config.json").read_text())
-    config.update(mean=mean, std=std)
-    (snap / "config.json").write_text(json.dumps(config))
-    (repo_dir / "refs").mkdir()
-    (repo_dir / "refs" / "main").write_text(rev)
-
-
-HUB_REPO, MEAN, STD = "oppo-tiny/reward", 0.25, 2.0
-
-
-@pytest.fixture(scope="module")
-def model_run(train_runs, tiny_assets, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("hf-hub")
-    _hub_cache(cache, tiny_assets / "reward", HUB_REPO, MEAN, STD)
-    with environ(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"):
-        return train_runs(
-            "oppo",
-            *TWO_STEPS,
-            "--train.colocate_actor_ref",
-            "--train.colocate_critic_reward",
-            "--reward.model_name_or_path",
-            HUB_REPO,
-            "--reward.normalize_enable",
-            "--ds.attn_implementation",
-            "eager",
-            "--vllm.num_engines",
-            "2",
-            "--rollout.n_samples_per_prompt",
-            "4",
-            "--train.batch_size",
-            "16",
-        )
-
-
-# ---------------------------------------------------------------- placement
-
-
-def test_colocate_critic_reward_places_the_streaming_reward_actor_in_openrlhfs_group(model_run):
-    """OpenRLHF places its reward group (as under colocate_all): a 0.2 GPU share of the
-    critic-reward placement group, not a GPU of its own outside it (which waits forever
-    once the placement groups hold every GPU)."""
-    _check_steps(model_run, 2)
-    loads = _reward_loads(model_run)
+def test_colocate_all_places_the_streaming_reward_actor_in_openrlhfs_group(oppo_run):
+    """OpenRLHF places its reward group inside the colocated placement group: a 0.2 GPU share,
+    not a GPU of its own outside it (which waits forever once the placement groups hold every
+    GPU). The streaming reward actor takes that place."""
+    _check_steps(oppo_run, OPPO_STEPS)
+    loads = _reward_loads(oppo_run)
     assert len(loads) == 1 and loads[0]["placement_group"] and loads[0]["gpus"] == pytest.approx(0.2)
 
 
-def test_reward_model_flags_reach_the_streaming_actor(model_run):
+def test_reward_model_flags_reach_the_streaming_actor(oppo_run):
     """--ds.param_dtype (bf16 by default) and --ds.attn_implementation load the streamed reward
     model as they load OpenRLHF's; the pooling is OpenRLHF's last-token rule by default."""
-    (load,) = _reward_loads(model_run)
+    (load,) = _reward_loads(oppo_run)
     assert (load["dtype"], load["attn_implementation"], load["pooling"]) == ("bfloat16", "eager", "last")
 
 
-def test_colocate_all_with_a_reward_function(rule_run):
-    _check_steps(rule_run, RULE_STEPS)
-    assert _reward_loads(rule_run) == []  # no reward model anywhere
+# ---------------------------------------------------------------- rule-based rewards, with the Megatron actor
 
 
-def test_two_engines_decode_whole_groups(model_run):
-    rows = [r for r in timeline.read(model_run.root / "timeline") if r["kind"] == "sample" and "sample" in r]
-    engine_of = {r["sample"]: r["pid"] for r in rows}
-    assert len(set(engine_of.values())) == 2, "both engines decode"
-    for g in _trained(model_run):
-        assert len(g["samples"]) == 4
-        assert len({engine_of[s["sample_id"]] for s in g["samples"]}) == 1, f"group {g['group_id']} split"
+def test_py_reward_function_scores_every_sample_as_openrlhf_does(megatron_run, reward_py):
+    assert megatron_run.returncode == 0, megatron_run.failure()
+    assert _check_rule_rewards(megatron_run, reward_py) == 8 * OPPO_STEPS  # 4 groups x n=2 a step
 
 
-# ---------------------------------------------------------------- rule-based rewards
-
-
-def test_py_reward_function_scores_every_sample_as_openrlhf_does(rule_run, reward_py):
-    assert _check_rule_rewards(rule_run, reward_py) == 8 * RULE_STEPS  # 4 groups x n=2 a step
-
-
-def test_group_norm_trains_on_the_rule_rewards(rule_run):
+def test_group_norm_trains_on_the_rule_rewards(megatron_run):
+    """OpenRLHF's train/reward of each global step is the mean of the rule rewards OPPO's trace
+    says that step trained, and no critic trained (group_norm)."""
     from openrlhf_oppo.bench.schedules import tensorboard_scalars
 
-    scalars = {t: [v for _, _, v in ev] for t, ev in tensorboard_scalars(rule_run.root / "tensorboard").items()}
-    assert len(scalars["train/policy_loss"]) == RULE_STEPS
-    trained = [s["reward"] for g in _trained(rule_run) for s in g["samples"]]
-    assert scalars["train/reward"] == pytest.approx([sum(trained[i:i + 8]) / 8 for i in range(0, 8 * RULE_STEPS, 8)],
-                                                    abs=1e-5)
+    scalars = tensorboard_scalars(megatron_run.root / "tensorboard")
+    logged = {step: value for _, step, value in scalars["train/reward"]}
+    traced = {row["step"] + 1: [s["reward"] for g in row["trained"] for s in g["samples"]]
+              for row in megatron_run.trace()}
+    assert sorted(logged) == sorted(traced) == list(range(1, OPPO_STEPS + 1))
+    for step, rewards in traced.items():
+        assert logged[step] == pytest.approx(sum(rewards) / len(rewards), abs=1e-5), step
     assert not any(t.startswith("train/critic") for t in scalars)  # group_norm: no critic
-
-
-def test_eval_runs_with_a_reward_function(rule_run):
-    from openrlhf_oppo.bench.schedules import tensorboard_scalars
-
-    tags = tensorboard_scalars(rule_run.root / "tensorboard")
-    evals = [t for t in tags if t.startswith("eval")]
-    assert evals and all(len(tags[t]) == RULE_STEPS for t in evals), sorted(tags)  # --eval.steps 1: each step
-
-
-# ---------------------------------------------------------------- reward model flags
-
-
-def test_hub_id_and_normalisation_score_as_openrlhfs_reward_model(model_run, tiny_assets):
-    """Streamed rewards equal OpenRLHF's one-shot reward forward of the same checkpoint (bf16,
-    --ds.param_dtype's default) with (r - mean) / std from its config."""
-    import torch
-
-    from openrlhf_oppo import compat
-
-    compat.apply()
-    from openrlhf.models import get_llm_for_sequence_regression
-
-    model = get_llm_for_sequence_regression(
-        str(tiny_assets / "reward"), "reward", param_dtype="bf16", attn_implementation="sdpa", value_head_prefix="score"
-    ).eval()
-    compared = 0
-    for g in _trained(model_run):
-        for s in g["samples"]:
-            seq = torch.tensor([g["prompt_ids"] + s["tokens"]])
-            with torch.no_grad():
-                raw = model(seq, attention_mask=torch.ones_like(seq)).float().item()
-            assert s["reward"] == pytest.approx((raw - MEAN) / STD, abs=2e-3)
-            compared += 1
-    assert compared == 32  # 4 groups x n=4, 2 steps
 
 
 # ---------------------------------------------------------------- wandb
@@ -260,12 +151,12 @@ def _wandb_history(path: Path) -> list[dict]:
     return rows
 
 
-def test_wandb_without_a_key_logs_offline_with_oppo_and_timing_keys(rule_run):
+def test_wandb_without_a_key_logs_offline_with_oppo_and_timing_keys(megatron_run):
     """`--logger.wandb.*` without a key: the run logs offline into RUN_DIR/wandb, every step
     with OpenRLHF's metrics, OPPO's `oppo/*` and the timeline's `timing/idle/*`."""
-    (run_file,) = (rule_run.root / "wandb").glob("offline-run-*/run-*.wandb")
+    (run_file,) = (megatron_run.root / "wandb").glob("offline-run-*/run-*.wandb")
     steps = [r for r in _wandb_history(run_file) if "train/oppo/delta" in r]
-    assert [r["train/global_step"] for r in steps] == list(range(1, RULE_STEPS + 1))
+    assert [r["train/global_step"] for r in steps] == list(range(1, OPPO_STEPS + 1))
     for row in steps:
         for key in (
             "train/reward",
@@ -276,3 +167,63 @@ def test_wandb_without_a_key_logs_offline_with_oppo_and_timing_keys(rule_run):
             "train/timing/idle/actor",
         ):
             assert isinstance(row.get(key), (int, float)), (key, sorted(row))
+
+
+# ---------------------------------------------------------------- slow: runs of their own
+
+
+@pytest.fixture(scope="module")
+def model_run(train_runs, hub_reward):
+    return train_runs(
+        "oppo",
+        *TWO_STEPS,
+        "--train.colocate_actor_ref",
+        "--train.colocate_critic_reward",
+        "--reward.model_name_or_path",
+        hub_reward.repo,
+        "--reward.normalize_enable",
+        "--ds.attn_implementation",
+        "eager",
+        "--vllm.num_engines",
+        "2",
+        "--rollout.n_samples_per_prompt",
+        "4",
+        "--train.batch_size",
+        "16",
+        env=hub_reward.env(),
+    )
+
+
+@pytest.mark.slow
+def test_colocate_critic_reward_places_the_streaming_reward_actor_in_openrlhfs_group(model_run):
+    """OpenRLHF places its reward group (as under colocate_all): a 0.2 GPU share of the
+    critic-reward placement group, not a GPU of its own outside it."""
+    _check_steps(model_run, 2)
+    loads = _reward_loads(model_run)
+    assert len(loads) == 1 and loads[0]["placement_group"] and loads[0]["gpus"] == pytest.approx(0.2)
+
+
+@pytest.mark.slow
+def test_two_engines_decode_whole_groups(model_run):
+    rows = [r for r in timeline.read(model_run.root / "timeline") if r["kind"] == "sample" and "sample" in r]
+    engine_of = {r["sample"]: r["pid"] for r in rows}
+    assert len(set(engine_of.values())) == 2, "both engines decode"
+    for g in _trained(model_run):
+        assert len(g["samples"]) == 4
+        assert len({engine_of[s["sample_id"]] for s in g["samples"]}) == 1, f"group {g['group_id']} split"
+
+
+@pytest.mark.slow
+def test_colocate_all_with_a_reward_function(hybrid_rule_run, reward_py):
+    _check_steps(hybrid_rule_run, RULE_STEPS)
+    assert _reward_loads(hybrid_rule_run) == []  # no reward model anywhere
+    assert _check_rule_rewards(hybrid_rule_run, reward_py) == 8 * RULE_STEPS  # 4 groups x n=2 a step
+
+
+@pytest.mark.slow
+def test_eval_runs_with_a_reward_function(hybrid_rule_run):
+    from openrlhf_oppo.bench.schedules import tensorboard_scalars
+
+    tags = tensorboard_scalars(hybrid_rule_run.root / "tensorboard")
+    evals = [t for t in tags if t.startswith("eval")]
+    assert evals and all(len(tags[t]) == RULE_STEPS for t in evals), sorted(tags)  # --eval.steps 1: each step

@@ -1,26 +1,27 @@
-"""Crash injection with real Ray (`openrlhf_oppo.integrations.runtime.faults`), end to end on CPU.
+"""Crash injection with real Ray (`openrlhf_oppo.integrations.runtime.faults`), end to end on CPU,
+and the stop a user asks for with SIGTERM. The runs are the session's (tests/cli/conftest.py):
 
-One `openrlhf-oppo train --restarts 3` run, with the reference streamed too
-(`--oppo.streaming.reference true`), checkpoints every second step. Its streaming reward
-actor and its streaming reference actor are killed in the middle of step 1 (Ray restarts
-them; the driver re-prefills their held samples from their recorded tokens), one request is aborted by its engine in
-step 2 (it decodes on from its tokens and is never trained as an answer), its rollout
-engine in the middle of step 3 (the run stops and is relaunched from the step-1
-checkpoint: step 2 is rolled back and done again), and its trainer right after step 3's
-checkpoint, the pass's last step (relaunched again: that episode is over, nothing more is
-trained). The ledger check then proves every prompt group was trained exactly once or
-is still held, the groups carried at step 1's checkpoint came back with every token they had
-(the resume test of the DeepSpeed backend; the Megatron one's is in test_train_megatron_on_cpu),
-and every trained sample's streamed reference log-probs, restarts and resumes included, equal
-OpenRLHF's reference forward. A second run (the session's `stopped_and_resumed`, whose
-resume is tested in test_train_oppo_async_on_cpu) is asked to stop with SIGTERM: the step ends, a
-checkpoint with the carried samples is written, the exit code says so."""
+- `megatron_run`: its streaming reference actor is killed in the middle of step 1 (Ray restarts
+  it; the driver re-prefills its held samples from their recorded tokens) and one request is
+  aborted by its engine in step 2 (it decodes on from its tokens and is never trained as an
+  answer). The ledger check then proves every prompt group was trained exactly once, and every
+  trained sample's streamed reference log-probs, the restart included, equal OpenRLHF's reference
+  forward. (A scorer actor's restart is the same code for the reward's; the `slow` run kills both.)
+- `restarted_and_stopped` (async admission, the weight sync in the background): its rollout
+  engine is killed in step 2, the run stops, and `--restarts 1` relaunches it from the last
+  checkpoint (the steps after it are rolled back and done again); the groups carried at that
+  checkpoint come back with every token they had (the DeepSpeed backend's resume test; the
+  Megatron one's is `slow`, in test_train_megatron_on_cpu). The relaunch is then asked to stop
+  with SIGTERM: the step ends, a checkpoint with the carried samples is written, the exit code
+  says so.
+
+`slow`: one run with all five faults (the above, and the trainer killed right after the pass's
+last checkpoint: relaunched again, that episode is over, nothing more is trained), three launches."""
 
 from __future__ import annotations
 
-import json
+import re
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -29,62 +30,84 @@ from openrlhf_oppo.core import ledger
 
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
-TIMEOUT_S = "900"
+
+def _fired(run) -> list[str]:
+    return (run.root / (ledger.LEDGER_FILE + ".faults")).read_text().split()
 
 
-def _train_argv(assets, root, *extra, restarts=0):
-    return ["train", "--schedule", "oppo", "--config", str(CONFIG), "--assets", str(assets), "--output", str(root),
-            "--timeout-s", TIMEOUT_S, "--restarts", str(restarts), "--", "--data.max_samples", "16", *extra]
-
-
-def test_killed_scorer_actors_rollout_engine_and_driver_the_run_completes_and_the_ledger_holds(
-    tiny_assets, tmp_path, monkeypatch, check_resumed_ledger
-):
-    monkeypatch.setenv("OPPO_FAULTS", "reward@1,reference@1,abort@2,rollout@3,driver@3")
-    # Δ fixed at the config's init (2): an engine fault fires on the k-th engine reply of its
-    # step, and a step needs one. The system Δ rule sizes Δ up to B on the tiny task (many
-    # responses run to the 192-token cap), and with B complete groups already carried a step
-    # takes its batch before any engine reply and the fault of that step never fires.
-    rc = main(_train_argv(tiny_assets, tmp_path, "--ckpt.save_steps", "2", "--oppo.delta.adaptive", "false",
-                          "--oppo.streaming.reference", "true", restarts=3))
-    assert rc == 0, f"see {tmp_path}"
-    fired = (tmp_path / (ledger.LEDGER_FILE + ".faults")).read_text().split()
-    assert fired == ["reward@1", "reference@1", "abort@2", "rollout@3", "driver@3"]
-    metrics = [json.loads(line) for line in (tmp_path / "oppo_metrics.jsonl").read_text().splitlines()]
+def _check_scorer_faults(run, metrics: list[dict], killed: int) -> None:
+    """`killed` scorer actors killed in step 1 of the first attempt, one request aborted in step 2."""
     restarts = [m["oppo/scorer_restarts"] for m in metrics]
-    assert restarts[1] == 2.0 and sum(restarts) == 2.0  # step 1 of the first attempt: both actors'
+    assert restarts[1] == killed and sum(restarts) == killed  # step 1 of the first attempt
     assert all("oppo/reference_scorer_idle_fraction" in m for m in metrics)
     # the aborted request was not trained as an answer: it decoded on from its tokens
     assert metrics[2]["oppo/aborted_requests"] == 1.0 and sum(m["oppo/aborted_requests"] for m in metrics) == 1.0
-    trace = [json.loads(line) for line in (tmp_path / "oppo_trace.jsonl").read_text().splitlines()]
+    trace = run.trace()
     assert all(s["finish_reason"] in ("stop", "length") for row in trace for g in row["trained"] for s in g["samples"])
-    # the trace of each attempt: steps 0-2 (step 3 died with its engine), then 2-3 from step 1's
-    # checkpoint (the last attempt resumed at the pass's end and traced no step)
-    attempts = _attempts(trace)
-    assert [[row["step"] for row in rows] for rows in attempts] == [[0, 1, 2], [2, 3]]
-    # the relaunch from step 1's checkpoint: its carried groups came back with every token they had
-    check_resumed_ledger([row for row in attempts[0] if row["step"] <= 1], attempts[1])
-    assert _reference_matches_openrlhfs_forward(tiny_assets, trace) >= 16
 
-    report = ledger.check_run(tmp_path)
+
+def test_a_killed_scorer_actor_and_an_aborted_request_the_run_completes_and_the_ledger_holds(
+        megatron_run, tiny_assets):
+    run = megatron_run
+    assert run.returncode == 0, run.failure()
+    assert _fired(run) == ["reference@1", "abort@2"]
+    _check_scorer_faults(run, run.metrics(), killed=1)
+    assert [row["step"] for row in run.trace()] == [0, 1, 2, 3]
+    assert _reference_matches_openrlhfs_forward(tiny_assets, run.trace()) == 32  # 4 steps x 4 groups x n=2
+    report = ledger.check_run(run.root)
     assert report.ok, report.summary()
-    assert report.restarts == 2 and report.rolled_back_steps == 1  # step 2 of the first attempt
-    assert {1, 3} <= set(report.checkpoints)
-    # the last relaunch resumed from the pass's final checkpoint: the episode was over, no step
-    # was added (one pass of 16 prompts is OpenRLHF's 4 steps), every prompt trained once
-    assert report.last_step == 3 and report.trained == 16
-    assert main(["ledger", "check", str(tmp_path)]) == 0
+    assert (report.restarts, report.last_step, report.trained, report.held) == (0, 3, 16, 0)
+    assert main(["ledger", "check", str(run.root)]) == 0
 
 
-def _attempts(trace: list[dict]) -> list[list[dict]]:
-    """The trace cut where a relaunch starts again from an earlier step."""
-    attempts: list[list[dict]] = []
-    for row in trace:
-        if not attempts or row["step"] <= attempts[-1][-1]["step"]:
-            attempts.append([])
-        attempts[-1].append(row)
-    return attempts
+def _starts(run) -> list[dict]:
+    return [e for e in ledger.read_events(run.root / ledger.LEDGER_FILE) if e["event"] == "start"]
+
+
+def test_a_killed_rollout_engine_is_relaunched_from_the_last_checkpoint_losing_nothing(
+        restarted_and_stopped, attempts, check_resumed_ledger):
+    run = restarted_and_stopped
+    assert _fired(run) == ["rollout@2"]
+    assert re.search(r"openrlhf-oppo train: exit \d+; restart 1 of 1 from the last checkpoint", run.output), \
+        run.output[-3000:]
+    first, relaunch = _starts(run)
+    assert first["last_step"] == -1 and relaunch["last_step"] >= 0
+    resumed_from = relaunch["last_step"]  # the checkpoint the relaunch loaded: written after this step
+    tried, again = attempts(run)
+    assert again[0]["step"] == resumed_from + 1
+    # the relaunch from that checkpoint: its carried groups came back with every token they had
+    events = ledger.read_events(run.root / ledger.LEDGER_FILE)
+    held = next(e for e in reversed(events) if e["event"] == "step")["held"]  # at the stop
+    check_resumed_ledger([row for row in tried if row["step"] <= resumed_from], again, held)
+    report = ledger.check_run(run.root)
+    assert report.ok, report.summary()
+    assert report.restarts == 1 and report.rolled_back_steps == sum(row["step"] > resumed_from for row in tried)
+
+
+def test_sigterm_ends_the_step_writes_a_checkpoint_and_exits_non_zero(restarted_and_stopped):
+    """The checkpoint the stop wrote holds OPPO's state with the groups in flight at that step (the
+    carried ones and the next step's, admitted and decoding): the ones the ledger says were held."""
+    import json
+
+    import torch
+
+    from openrlhf_oppo import compat
+
+    run, out = restarted_and_stopped, restarted_and_stopped.output
+    assert run.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "stopped on request after step" in out and "stopped on SIGTERM" in out, out[-3000:]
+
+    events = ledger.read_events(run.root / ledger.LEDGER_FILE)
+    last_step = max(e["step"] for e in events if e["event"] == "step")
+    assert events[-1] == {"event": "checkpoint", "step": last_step}  # after the step that was running
+    assert ledger.check_events(events).ok
+    held = next(e for e in reversed(events) if e["event"] == "step")["held"]
+    (states,) = (run.root / "checkpoints" / "_actor" / f"global_step{last_step + 1}").glob("*model_states.pt")
+    compat.apply()  # OpenRLHF's modules import flash_attn, which a CPU host lacks
+    from openrlhf_oppo.integrations.runtime.trainer import STATE_KEY
+
+    state = json.loads(torch.load(states, weights_only=False)[STATE_KEY])
+    assert held and sorted(int(gid) for gid in state["prompts"]) == sorted(held)
 
 
 def _reference_matches_openrlhfs_forward(assets, trace) -> int:
@@ -125,13 +148,32 @@ def _reference_matches_openrlhfs_forward(assets, trace) -> int:
     return compared
 
 
-def test_sigterm_ends_the_step_writes_a_checkpoint_and_exits_non_zero(stopped_and_resumed):
-    run, out = stopped_and_resumed.stopped, stopped_and_resumed.output
-    assert run.returncode == 128 + signal.SIGTERM, out[-3000:]
-    assert "stopped on request after step" in out and "stopped on SIGTERM" in out, out[-3000:]
+@pytest.mark.slow
+def test_all_five_faults_with_relaunches_the_run_completes_and_the_ledger_holds(
+        train_runs, tiny_assets, attempts, check_resumed_ledger):
+    """`oppo` on DeepSpeed with the reference streamed, a checkpoint every second step,
+    `--restarts 3`: the scorer faults and the abort as above, the rollout engine killed in the
+    middle of step 3 (relaunched from step 1's checkpoint: step 2 is rolled back and done again),
+    and the trainer right after step 3's checkpoint, the pass's last step (relaunched again: that
+    episode is over, nothing more is trained)."""
+    run = train_runs("oppo", "--data.max_samples", "16", "--ckpt.save_steps", "2", "--oppo.delta.adaptive", "false",
+                     "--oppo.streaming.reference", "true", restarts=3,
+                     env={"OPPO_FAULTS": "reward@1,reference@1,abort@2,rollout@3,driver@3"})
+    assert run.returncode == 0, run.failure()
+    assert _fired(run) == ["reward@1", "reference@1", "abort@2", "rollout@3", "driver@3"]
+    _check_scorer_faults(run, run.metrics(), killed=2)  # the reward's and the reference's
+    # the trace of each attempt: steps 0-2 (step 3 died with its engine), then 2-3 from step 1's
+    # checkpoint (the last attempt resumed at the pass's end and traced no step)
+    tried = attempts(run)
+    assert [[row["step"] for row in rows] for rows in tried] == [[0, 1, 2], [2, 3], []]
+    check_resumed_ledger([row for row in tried[0] if row["step"] <= 1], tried[1])
+    assert _reference_matches_openrlhfs_forward(tiny_assets, run.trace()) >= 16
 
-    events = ledger.read_events(run.root / ledger.LEDGER_FILE)
-    last_step = max(e["step"] for e in events if e["event"] == "step")
-    assert events[-1] == {"event": "checkpoint", "step": last_step}  # after the step that was running
-    assert list((run.root / "checkpoints" / "_actor").glob(f"global_step{last_step + 1}"))
-    assert ledger.check_events(events).ok
+    report = ledger.check_run(run.root)
+    assert report.ok, report.summary()
+    assert report.restarts == 2 and report.rolled_back_steps == 1  # step 2 of the first attempt
+    assert {1, 3} <= set(report.checkpoints)
+    # the last relaunch resumed from the pass's final checkpoint: the episode was over, no step
+    # was added (one pass of 16 prompts is OpenRLHF's 4 steps), every prompt trained once
+    assert report.last_step == 3 and report.trained == 16
+    assert main(["ledger", "check", str(run.root)]) == 0

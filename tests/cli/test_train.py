@@ -95,14 +95,15 @@ def test_the_closing_summary_shows_what_a_learn_run_learned(tmp_path):
 
 def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts(tmp_path, monkeypatch, capfd):
     """The SFT policy and the run's final actor on the prompts after the trained ones, through
-    `bench convergence`'s evaluation (stubbed here: its own tests run it); nothing where the
-    assets are not a learn build, the model was not saved or no prompt is left out."""
+    the learn task's evaluation (`tasks.learn.evaluation`, stubbed here: its own tests run it);
+    nothing where the assets are not a learn build, the model was not saved or no prompt is left
+    out."""
     import json
     import os
 
-    from openrlhf_oppo.bench.convergence import final_eval
     from openrlhf_oppo.cli.train import heldout
     from openrlhf_oppo.tasks import learn
+    from openrlhf_oppo.tasks.learn import evaluation
 
     assets, run_dir = learn.LearnAssets(tmp_path / "assets"), tmp_path / "run"
     spec = learn.VARIANTS["learn-longtail"]
@@ -119,7 +120,7 @@ def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts
         return 4, {"sft": {"exact_match": 0.5, "mean_reward": -0.25, "at_cap": 0.04},
                    "run": {"exact_match": 0.75, "mean_reward": 0.5, "at_cap": 0.01}}
 
-    monkeypatch.setattr(final_eval, "evaluate_against_sft", fake)
+    monkeypatch.setattr(evaluation, "evaluate_against_sft", fake)
     assert heldout(run_dir) == []  # no BUILD_OK: not a learn build
     (assets.root / "BUILD_OK").write_text(learn.build_marker(spec))
     assert heldout(run_dir) == []  # the final actor was not saved

@@ -1,10 +1,11 @@
 """OpenRLHF's hybrid engine under OPPO, end to end on CPU: `openrlhf-oppo train --schedule oppo
 --config configs/tiny-cpu.yaml -- --train.colocate_all --vllm.enable_sleep --ds.enable_sleep`
-with a rule reward and eval after every step (3 steps; the `hybrid_rule_run` fixture, which
-the compat-matrix tests read too). vLLM's CPU build has no sleep mode; the compat layer's stand-in drops the engine's KV
-cache at sleep (`compat.patches.vllm_sleep_standin`), the part a carried sample must survive.
-At each batch the carried requests stop with their tokens, the engines sleep through the update,
-and after the wake each decodes on from its tokens, prompt + partial response re-prefilled."""
+with the reward model streamed (4 steps; the session's `oppo_run`, which the OPPO, timeline and
+compat-matrix tests read too). vLLM's CPU build has no sleep mode; the compat layer's stand-in
+drops the engine's KV cache at sleep (`compat.patches.vllm_sleep_standin`), the part a carried
+sample must survive. At each batch the carried requests stop with their tokens, the engines
+sleep through the update, and after the wake each decodes on from its tokens, prompt + partial
+response re-prefilled."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from openrlhf_oppo.core import ledger
 
 pytestmark = pytest.mark.e2e  # real Ray, vLLM (CPU build), DeepSpeed and OpenRLHF processes
 
-STEPS = 3
+STEPS = 4  # the oppo_run fixture: 16 prompts, 4 a step
 
 
 def _rows(run, name: str) -> list[dict]:
@@ -26,10 +27,8 @@ def _rows(run, name: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def sleep_run(hybrid_rule_run):
-    run = hybrid_rule_run
-    assert run.returncode == 0, run.failure()
-    return run
+def sleep_run(oppo_run):
+    return oppo_run
 
 
 @pytest.fixture(scope="module")
