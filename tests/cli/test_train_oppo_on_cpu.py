@@ -203,7 +203,7 @@ def test_delta_zero_and_no_streaming_equals_openrlhfs_sync_schedule(train_runs, 
         assert oppo_tb[tag] == pytest.approx(sync_tb[tag], rel=1e-5, abs=1e-7), tag
 
 
-@pytest.mark.slow  # task.fixed_lengths is a benchmark setting that moves to the lab (oppo_lab), with this test
+@pytest.mark.slow  # task.fixed_lengths is a benchmark setting, run when it or the rollout path changes
 def test_fixed_lengths_decode_every_sample_at_its_drawn_length(train_runs, tmp_path_factory, tiny_assets):
     """`task.fixed_lengths`: every trained response has exactly the length drawn for its prompt
     and index, carried samples included (vLLM holds EOS back until then), so every schedule
