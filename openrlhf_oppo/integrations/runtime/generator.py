@@ -467,12 +467,15 @@ class OppoSamplesGenerator(SamplesGenerator):
 
     def state_dict(self) -> dict[str, Any]:
         """What OpenRLHF's checkpoint keeps between steps (JSON): the scheduler's state, the policy version,
-        the last trained batch's mean reward, and the prompts of the groups in flight."""
+        the last trained batch's mean reward, the prompts of the groups in flight and the rule rewards of
+        their finished samples (a finished sample is not decoded again after a resume, so its engine
+        never scores it again)."""
         return {
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "last_mean_reward": self.last_mean_reward,
             "prompts": {str(gid): list(v) for gid, v in self.prompts.by_group.items()},  # in-flight groups only
+            "rule_rewards": {str(sid): reward for sid, reward in self.rule_rewards.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -482,5 +485,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         self.step = state["step"]
         self.last_mean_reward = state.get("last_mean_reward")  # absent before async admission
         self.prompts.by_group = {int(gid): (p, lb, ids) for gid, (p, lb, ids) in state["prompts"].items()}
+        # absent from a checkpoint written before rule rewards were kept in it
+        self.rule_rewards = {int(sid): reward for sid, reward in state.get("rule_rewards", {}).items()}
         self.scorers.forget_all()  # scorer actors restart empty: every held sample is re-scored
         self.state = self.state.restored()

@@ -333,6 +333,54 @@ def test_a_resumed_run_restarts_carried_samples_from_their_recorded_tokens(fakes
     assert step.order == [2, 3, 6, 7] and response_tokens(step.experiences[0]) == [20, 21, 22]
 
 
+class RulePool(FakePool):
+    """Engines that score each finished sample with --reward.remote_url: its reward is its id."""
+
+    def set_reward_tokenizer(self, tokenizer) -> None:
+        pass
+
+    def poll(self, wake_tokens: int, also=()) -> list:
+        return [dataclasses.replace(d, reward={"reward": float(d.sample_id), "scores": float(d.sample_id),
+                                               "extra_logs": {}}) if d.finish_reason == "stop" else d
+                for d in super().poll(wake_tokens, also)]
+
+
+def make_rule_generator(fakes, prompts=PROMPTS):
+    """A generator whose engines score each sample with a rule reward (nothing streamed); sample 3 needs
+    3 tokens, every other one 2: group 1 is carried at step 0 with sample 2 finished and scored."""
+    args = fakes.make_args(B=B, n=N, remote_url="/reward.py")
+    config = fakes.make_config(delta=DELTA, chunk=2)
+    mode = resolve_mode(config.staleness, args, cpu_host=False)
+    config = dataclasses.replace(config, staleness=dataclasses.replace(
+        config.staleness, carried_in_training=mode.carried.value, keep_kv_cache=mode.keep_kv_cache))
+    scheduler = OverlapScheduler(config, batch_groups=B, samples_per_group=N, scorers=())
+    meter = StepMeter(0, show_progress=False)
+    no_reward = ScorerDispatcher([], scheduler, meter, None, None, name=REWARD)
+    no_reference = ScorerDispatcher([], scheduler, meter, None, None, name=REFERENCE)
+    return OppoSamplesGenerator(
+        SimpleNamespace(args=args), Loader([(None, [p], [f"label {p}"], [None]) for p in prompts], len(PROMPTS)),
+        None, Tokenizer(), [], oppo=config, mode=mode, scheduler=scheduler,
+        engines=RulePool(lambda sid: 3 if sid == 3 else 2, fakes.make_delta), meter=meter,
+        scorers=Scorers(no_reward, no_reference),
+    )
+
+
+def test_a_resume_keeps_the_rule_rewards_of_carried_samples_that_had_finished(fakes):
+    first = make_rule_generator(fakes)
+    assert first.reward_mode == "rule"
+    run_step(first)
+    assert first.scheduler.in_flight_groups == (1,) and first.scheduler.is_finished(2)
+    state = json.loads(json.dumps(first.state_dict()))  # as OpenRLHF's client_states keep it
+    resumed = make_rule_generator(fakes, prompts=PROMPTS[3:])
+    resumed.load_state_dict(state)
+    resumed.resume_after_weight_sync()
+    step = run_step(resumed)
+    assert [sid for sid, _ in resumed.engines.started if sid in (2, 3)] == [3]  # the finished sample is not decoded
+    assert 2 in step.order
+    rewards = {sid: exp.rewards.item() for sid, exp in zip(step.order, step.experiences)}
+    assert rewards[2] == 2.0 and rewards[3] == 3.0  # sample 2's reward is the one its engine gave before the resume
+
+
 def test_groups_admitted_at_the_batch_are_in_the_ledger_and_a_resume_admits_them_not_again(fakes, tmp_path):
     gen = make_generator(fakes, max_lag=2)
     gen.ledger.path = str(tmp_path / "ledger.jsonl")
