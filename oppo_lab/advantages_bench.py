@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench advantages`: GAE and REINFORCE returns, OpenRLHF 0.11.2's per-position
+"""`python -m oppo_lab advantages`: GAE and REINFORCE returns, OpenRLHF 0.11.2's per-position
 loop against OPPO's whole-tensor version (`integrations.runtime.advantages`), on this host.
 
 Both run where OpenRLHF runs them: in the trainer's process, on CPU tensors, once per
@@ -26,7 +26,7 @@ def _time(fn, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo bench advantages", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab advantages", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="timed calls per shape and method (after one warm-up)")
     p.add_argument("--estimator", choices=("gae", "reinforce"), default="gae",
                    help="gae: get_advantages_and_returns (gamma 1, lambda 0.95); reinforce: get_cumulative_returns")

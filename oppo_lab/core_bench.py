@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench core`: CPU cost of the scheduler itself at cluster scale.
+"""`python -m oppo_lab core`: CPU cost of the scheduler itself at cluster scale.
 
 One step = 1,024 prompt groups x n=4 samples with long-tail lengths up to 16k
 tokens, decoded round by round, one `on_tokens` event per sample per chunk of C
@@ -93,7 +93,7 @@ def _one_run(groups: int, n: int, chunk: int, delta: int, steps: int, max_len: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo bench core", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab core", description=__doc__.splitlines()[0])
     p.add_argument("--groups", type=int, default=1024, help="prompt groups per step (B)")
     p.add_argument("--n", type=int, default=4, help="samples per group")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[512, 256, 128], help="C values (tokens) to run")

@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench engine`: what a decode iteration of vLLM costs on this host, by how many
+"""`python -m oppo_lab engine`: what a decode iteration of vLLM costs on this host, by how many
 sequences it decodes together.
 
 A vLLM engine (this host's build) on a built-in task's actor decodes `--tokens` tokens for each
@@ -34,7 +34,7 @@ def _positive_list(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     from openrlhf_oppo import tasks
 
-    p = argparse.ArgumentParser(prog="openrlhf-oppo bench engine", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab engine", description=__doc__.splitlines()[0])
     p.add_argument("--variant", default="longtail", choices=tasks.VARIANTS, help="built-in task whose actor decodes")
     p.add_argument("--tokens", type=int, default=200, help="tokens decoded for every sequence (>= 8)")
     p.add_argument("--sequences", type=_positive_list, default=list(SEQUENCES),

@@ -1,6 +1,6 @@
-"""`openrlhf-oppo bench soak`: a long run with every process's memory recorded.
+"""`python -m oppo_lab soak`: a long run with every process's memory recorded.
 
-    openrlhf-oppo bench soak --config configs/tiny-cpu.yaml --steps 200 --output runs/soak [-- extra flags]
+    python -m oppo_lab soak --config configs/tiny-cpu.yaml --steps 200 --output runs/soak [-- extra flags]
 
 Runs `openrlhf-oppo train` (OPPO by default) for at least `--steps` PPO steps: the
 prompt set is read `--train.num_episodes` times, `--data.max_samples` prompts a pass,
@@ -261,7 +261,7 @@ def data_flags(steps: int, batch: int, prompts: int) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo bench soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab soak", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/tiny-cpu.yaml", help="YAML run config")
     p.add_argument("--schedule", default="oppo", help="an OPPO schedule (its metrics give the steps and KV tokens)")
     p.add_argument("--steps", type=int, default=200, help="PPO steps to run (at least)")

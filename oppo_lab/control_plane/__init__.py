@@ -1,6 +1,6 @@
-"""`openrlhf-oppo bench control-plane`: does OPPO's driver keep up with a GPU cluster's token rate?
+"""`python -m oppo_lab control-plane`: does OPPO's driver keep up with a GPU cluster's token rate?
 
-    openrlhf-oppo bench control-plane [--engines 8 --sequences 128 --tokens-per-s 40 --prompts 1024
+    python -m oppo_lab control-plane [--engines 8 --sequences 128 --tokens-per-s 40 --prompts 1024
         --samples 4 --chunk 256 32 --output runs/control-plane] [--profile] [--smoke]
 
 Runs the real samples generator (`OppoSamplesGenerator` with its `EnginePool`,
@@ -34,7 +34,7 @@ SMOKE = {"engines": 2, "sequences": 8, "tokens_per_s": 400.0, "prompts": 16, "sa
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo bench control-plane", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab control-plane", description=__doc__.splitlines()[0])
     p.add_argument("--engines", type=int, default=8, help="synthetic rollout engines (Ray actors)")
     p.add_argument("--sequences", type=int, default=128, help="sequences each engine decodes at once")
     p.add_argument("--tokens-per-s", type=float, default=40.0, help="decode rate of one sequence (tokens/s)")

@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench convergence`: does OPPO learn what sync PPO learns, per step and per second?
+"""`python -m oppo_lab convergence`: does OPPO learn what sync PPO learns, per step and per second?
 
 Runs every schedule for every seed, seed-major (sync s0, partial s0, oppo s0, oppo-tis s0,
 sync s1, ...) so that a shared machine's drift hits every schedule alike, each through

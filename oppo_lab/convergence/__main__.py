@@ -1,4 +1,4 @@
-"""`python -m oppo_lab.convergence`: as `openrlhf-oppo bench convergence`."""
+"""`python -m oppo_lab.convergence`: as `python -m oppo_lab convergence`."""
 
 from oppo_lab.convergence.cli import main
 

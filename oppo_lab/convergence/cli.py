@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench convergence`: does OPPO learn what sync PPO learns, per step and per second?
+"""`python -m oppo_lab convergence`: does OPPO learn what sync PPO learns, per step and per second?
 
 The command line: runs (or reuses, or only reads) every run (`runs`), reads and summarizes
 them (`read`, `summary`), the learn task's final evaluation (`final_eval`), then the table,
@@ -27,7 +27,7 @@ from oppo_lab.convergence.summary import summarize
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo bench convergence", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab convergence", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/learn-cpu.yaml", help="YAML run config")
     p.add_argument("--seeds", type=int, default=3,
                    help="seeds per schedule (--train.seed first-seed, first-seed+1, ...)")

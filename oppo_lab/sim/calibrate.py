@@ -1,4 +1,4 @@
-"""`openrlhf-oppo simulate calibrate RUN_DIR... --output FILE`: this machine's costs from real runs.
+"""`python -m oppo_lab calibrate RUN_DIR... --output FILE`: this machine's costs from real runs.
 
 Reads each run's timeline (`openrlhf_oppo.timeline`; stage names of
 `integrations.runtime.timeline_hooks`) and its `rollouts.jsonl`, and writes a preset whose
@@ -240,7 +240,7 @@ def _with_key_comments(body: str, base_text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo simulate calibrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab calibrate", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument(
         "--output",

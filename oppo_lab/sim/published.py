@@ -1,6 +1,6 @@
-"""`openrlhf-oppo simulate published`: the simulator's absolute scale against published runs.
+"""`python -m oppo_lab published`: the simulator's absolute scale against published runs.
 
-    openrlhf-oppo simulate published [--presets NAME ...] [--set key=value ...]
+    python -m oppo_lab published [--presets NAME ...] [--set key=value ...]
 
 Every preset with a `published:` section (a published run's time per step and stage split,
 sources in the preset's comments) is simulated with the `sync` schedule (the published runs
@@ -127,7 +127,7 @@ def _short(preset: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo simulate published", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab published", description=__doc__.splitlines()[0])
     p.add_argument("--presets", nargs="+", default=None, metavar="NAME",
                    help="published presets to simulate (default: every preset with a published: section)")
     p.add_argument("--set", dest="sets", action="append", nargs="+", default=[], metavar="KEY=VALUE",

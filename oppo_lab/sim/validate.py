@@ -1,4 +1,4 @@
-"""`openrlhf-oppo simulate validate RUN_DIR... [--preset cpu-longtail]`: the simulator against
+"""`python -m oppo_lab validate RUN_DIR... [--preset cpu-longtail]`: the simulator against
 measured runs of `bench schedules`, schedule by schedule, on mean time per step.
 
 Each RUN_DIR is one run named `<schedule>-<repeat>` (as `bench schedules --output DIR` writes
@@ -227,7 +227,7 @@ def leave_one_out(runs: dict[Path, dict], base: str, sets: list[str], tmp: Path,
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="openrlhf-oppo simulate validate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m oppo_lab validate", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="runs named <schedule>-<repeat>")
     p.add_argument("--preset", default="cpu-longtail", help="the calibrated preset (a name or a YAML path)")
     p.add_argument("--set", dest="sets", action="append", nargs="+", default=[], metavar="KEY=VALUE",

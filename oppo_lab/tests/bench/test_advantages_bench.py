@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench advantages`: OpenRLHF's loop and OPPO's version timed per micro-batch shape."""
+"""`python -m oppo_lab advantages`: OpenRLHF's loop and OPPO's version timed per micro-batch shape."""
 
 from __future__ import annotations
 

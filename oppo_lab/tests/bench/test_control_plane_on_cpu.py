@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench control-plane --smoke` on real Ray: the real samples generator against
+"""`python -m oppo_lab control-plane --smoke` on real Ray: the real samples generator against
 synthetic engines and scorers, scaled down to seconds. Asserts behaviour, not speed."""
 
 from __future__ import annotations

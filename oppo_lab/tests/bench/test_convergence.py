@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench convergence`: per-step series read from hand-built run directories
+"""`python -m oppo_lab convergence`: per-step series read from hand-built run directories
 (the files `openrlhf-oppo train` writes), and the summary's numbers computed by hand."""
 
 from __future__ import annotations

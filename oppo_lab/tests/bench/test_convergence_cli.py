@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench convergence`'s command line with no run behind it: bad arguments refused
+"""`python -m oppo_lab convergence`'s command line with no run behind it: bad arguments refused
 before any run, the bench's schedule variants, --help."""
 
 from __future__ import annotations

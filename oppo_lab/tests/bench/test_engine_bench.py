@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench engine`: a vLLM decode iteration's cost by sequences decoded together."""
+"""`python -m oppo_lab engine`: a vLLM decode iteration's cost by sequences decoded together."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from oppo_lab import engine_bench as bench
 
 @pytest.mark.e2e  # a real vLLM engine (CPU build) on the tiny task's actor, in a process of its own
 def test_prints_a_row_per_sequence_count_with_the_cost_of_an_iteration_and_a_token():
-    out = subprocess.run([sys.executable, "-m", "openrlhf_oppo.cli.main", "bench", "engine", "--variant", "tiny",
+    out = subprocess.run([sys.executable, "-m", "oppo_lab", "engine", "--variant", "tiny",
                           "--tokens", "16", "--sequences", "1,8"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()

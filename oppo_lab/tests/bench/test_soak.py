@@ -1,4 +1,4 @@
-"""`openrlhf-oppo bench soak`: process names, growth per 100 steps, KV summary, run sizing."""
+"""`python -m oppo_lab soak`: process names, growth per 100 steps, KV summary, run sizing."""
 
 from __future__ import annotations
 
