@@ -3,7 +3,8 @@ kills the streaming reward actor during step 1 and the rollout engine during ste
 (each after a seeded number of calls; ``reference@N``: a streaming reference actor), and the
 trainer (the driver of the PPO loop) right after step 3's checkpoint is written; ``abort@1`` has
 an engine abort one of its requests during step 1 (as vLLM aborts a request). Each fault fires once per run directory,
-restarts included (recorded next to the ledger). Unset, nothing happens; the kills are
+restarts included (recorded next to the ledger), in its step or, where that step makes too few calls of its
+kind, in the first later one that makes enough (`due`). Unset, nothing happens; the kills are
 real (`ray.kill`, SIGKILL), the recoveries too."""
 
 from __future__ import annotations
@@ -33,18 +34,23 @@ def planned(kind: str) -> set[int]:
 
 
 def due(kind: str, step: int, calls: int | None = None) -> bool:
-    """True once per run directory when the fault ``kind@step`` fires now; ``calls``:
-    the calls of this kind made so far in the step (fires at a number seeded by the step)."""
-    if step not in planned(kind) or (calls is not None and calls != random.Random(step).randint(1, 3)):
-        return False
+    """True once per run directory when a planned fault ``kind@N`` fires now; ``calls``: the calls of
+    this kind made so far in ``step``. It fires in step N at a call number seeded by N, or, where a
+    step makes fewer calls than that (with async admission a step can take a batch that finished
+    decoding during the previous one, with no engine reply at all), at that call of the first later
+    step that makes it: a planned fault always fires once its step is reached."""
     record = (run_env.path(run_env.LEDGER_JSONL) or "oppo") + ".faults"
-    tag = f"{kind}@{step}"
-    if os.path.exists(record) and tag in open(record).read().split():
-        return False
-    with open(record, "a") as fh:
-        fh.write(tag + "\n")
-    logger.warning("OPPO fault injection: %s", tag)
-    return True
+    for planned_step in sorted(planned(kind)):
+        if planned_step > step or (calls is not None and calls != random.Random(planned_step).randint(1, 3)):
+            continue
+        tag = f"{kind}@{planned_step}"
+        if os.path.exists(record) and tag in open(record).read().split():
+            continue
+        with open(record, "a") as fh:
+            fh.write(tag + "\n")
+        logger.warning("OPPO fault injection: %s (in step %d)", tag, step)
+        return True
+    return False
 
 
 def kill_this_process(what: str) -> None:
