@@ -47,6 +47,7 @@ Modules, lowest first (each imports only those above it in this list, never this
 
 from __future__ import annotations
 
+from openrlhf_oppo.tasks.learn.rollouts import Baseline, ResponseText, load_baseline, load_tokenizer, trained_samples
 from oppo_lab.convergence.cli import main
 from oppo_lab.convergence.numbers import (
     THRESHOLD_FRACTION,
@@ -60,19 +61,7 @@ from oppo_lab.convergence.numbers import (
     time_to_reward,
     within_band,
 )
-from oppo_lab.convergence.read import (
-    DRIFT_TAGS,
-    OFFPOLICY_KEY,
-    REWARD_TAGS,
-    Baseline,
-    ResponseText,
-    load_baseline,
-    load_tokenizer,
-    read_run,
-    step_baseline,
-    trace_lengths,
-    trained_samples,
-)
+from oppo_lab.convergence.read import DRIFT_TAGS, OFFPOLICY_KEY, REWARD_TAGS, read_run, step_baseline, trace_lengths
 from oppo_lab.convergence.report import PLOTS, plot, print_report
 from oppo_lab.convergence.runs import (
     DEFAULT_SCHEDULES,

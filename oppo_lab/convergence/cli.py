@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 from openrlhf_oppo.tasks import learn
+from openrlhf_oppo.tasks.learn.rollouts import Baseline, load_baseline, load_tokenizer
 from oppo_lab.convergence import final_eval
 from oppo_lab.convergence.numbers import THRESHOLD_FRACTION, WINDOW_STEPS
-from oppo_lab.convergence.read import Baseline, load_baseline, load_tokenizer, read_run
+from oppo_lab.convergence.read import read_run
 from oppo_lab.convergence.report import plot, print_report
 from oppo_lab.convergence.runs import (
     DEFAULT_SCHEDULES,

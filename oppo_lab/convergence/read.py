@@ -10,14 +10,7 @@ from pathlib import Path
 
 from openrlhf_oppo import timeline
 from openrlhf_oppo.bench.schedules import STEP_TAG, tensorboard_scalars
-from openrlhf_oppo.tasks.learn.rollouts import (  # noqa: F401 (read's callers use them)
-    Baseline,
-    ResponseText,
-    jsonl,
-    load_baseline,
-    load_tokenizer,
-    trained_samples,
-)
+from openrlhf_oppo.tasks.learn.rollouts import Baseline, ResponseText, jsonl, trained_samples
 from oppo_lab.convergence.numbers import ks_trained_vs_finished, mean
 
 REWARD_TAGS = ("train/rollout/reward_mean", "train/reward")  # the first one logged wins
