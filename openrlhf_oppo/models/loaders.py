@@ -22,8 +22,10 @@ non-packed path; a test compares them with OpenRLHF's own classes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -172,8 +174,10 @@ def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward:
     prefix = getattr(config, "value_head_prefix", value_head_prefix)
     # Parameters on the meta device (no fp32 random init on the host: ~32 GB for an 8B model),
     # buffers real (rotary inv_freq, mean/std are computed, not saved); the checkpoint's
-    # tensors are then assigned in `dtype`.
-    with init_empty_weights(include_buffers=False):
+    # tensors are then assigned in `dtype`. Built under `dtype` as torch's default, as
+    # transformers' `from_pretrained` builds OpenRLHF's reward model: its buffers then come out
+    # in OpenRLHF's dtypes (mean/std in `dtype`, rotary inv_freq in fp32, which the model asks for).
+    with init_empty_weights(include_buffers=False), _default_dtype(dtype):
         model = cls(config, value_head_prefix=prefix, normalize_reward=normalize_reward,
                     attn_implementation=attn_implementation)
     state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
@@ -184,8 +188,20 @@ def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward:
             f"{path}: weights do not match the OpenRLHF layout with value_head_prefix={prefix!r} "
             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
         )
-    # mean/std are float32 buffers in OpenRLHF too; only parameters follow dtype.
-    return model.to(dtype).eval()
+    # No `model.to(dtype)`: it would cast the fp32 inv_freq too, and a bf16 inv_freq turns
+    # every rotary angle by up to 2**-9 of itself (0.8 rad at position 2,000).
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to `dtype` inside (what `torch.zeros(1)` makes), restored after."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def _load_transformers(path: Path, normalize_reward: bool, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
