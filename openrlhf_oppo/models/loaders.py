@@ -189,7 +189,7 @@ def _load_openrlhf(path: Path, cls: type[_OpenRLHFValueModel], normalize_reward:
             f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
         )
     # No `model.to(dtype)`: it would cast the fp32 inv_freq too, and a bf16 inv_freq turns
-    # every rotary angle by up to 2**-9 of itself (0.8 rad at position 2,000).
+    # each rotary angle by up to 2**-9 of itself: tenths of a radian by position 2,000.
     return model.eval()
 
 

@@ -49,7 +49,21 @@ def _dtype(param_dtype: str | None):
     return {None: torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[param_dtype]
 
 
-def _on_device(model, what: str):
+def _refuse_before_loading(model_dir, dtype, what: str, role: str) -> None:
+    """Refuse, naming `what`, a checkpoint whose weights cannot fit this process's GPU, from its
+    files' headers (or config.json) alone: a load would first hold it whole in host memory, in
+    every actor of the group (a 70B model: ~140 GB each). Nothing to refuse without CUDA."""
+    import torch
+
+    from openrlhf_oppo.models.device_memory import check_fits_device, checkpoint_bytes
+
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        need = checkpoint_bytes(model_dir, dtype, lm_head=role == "reference")
+        check_fits_device(need, free, total, what, role)
+
+
+def _on_device(model, what: str, role: str):
     """The model on this process's GPU (refused, naming `what`, when it cannot fit) or the CPU."""
     import torch
 
@@ -57,7 +71,7 @@ def _on_device(model, what: str):
 
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
-        check_fits_device(model_bytes(model), free, total, what)
+        check_fits_device(model_bytes(model), free, total, what, role)
     return model.to("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -120,12 +134,14 @@ class StreamingRewardActor(_StreamingActor):
                  scorers_per_host: int = 1, *, param_dtype: str | None = None, attn_implementation: str = "sdpa",
                  pooling: str = "last"):
         """`kv_budget_tokens`, `scorers_per_host`: as `_set_scorer`; `param_dtype` as `_dtype`."""
-        from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model
+        from openrlhf_oppo.models import StreamingRewardScorer, load_reward_model, resolve_model_path
 
-        model = _on_device(load_reward_model(model_path, normalize_reward=normalize_reward,
+        what = f"--reward.model_name_or_path {model_path}"
+        model_dir = resolve_model_path(model_path)
+        _refuse_before_loading(model_dir, _dtype(param_dtype), what, "reward")
+        model = _on_device(load_reward_model(model_dir, normalize_reward=normalize_reward,
                                              value_head_prefix=value_head_prefix, dtype=_dtype(param_dtype),
-                                             attn_implementation=attn_implementation),
-                           f"--reward.model_name_or_path {model_path}")
+                                             attn_implementation=attn_implementation), what, "reward")
         self._set_scorer(StreamingRewardScorer, model, kv_budget_tokens, scorers_per_host, pooling=pooling)
         self.loaded["pooling"] = pooling
 
@@ -144,9 +160,12 @@ class StreamingReferenceActor(_StreamingActor):
         from openrlhf_oppo.models import StreamingReferenceScorer
         from openrlhf_oppo.models.loaders import resolve_model_path
 
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_path), dtype=_dtype(param_dtype),
+        what = f"--actor.model_name_or_path {model_path} (the streamed reference)"
+        model_dir = resolve_model_path(model_path)
+        _refuse_before_loading(model_dir, _dtype(param_dtype), what, "reference")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_dtype(param_dtype),
                                                      attn_implementation=attn_implementation).eval()
-        model = _on_device(model, f"--actor.model_name_or_path {model_path} (the streamed reference)")
+        model = _on_device(model, what, "reference")
         self._set_scorer(StreamingReferenceScorer, model, kv_budget_tokens, scorers_per_host,
                          temperature=temperature)
 
