@@ -339,3 +339,75 @@ def test_wandb_without_a_key_is_offline_unless_wandb_api_key_is_set():
     assert wandb_settings(flags, {"WANDB_API_KEY": "k"}) == ({"logger.wandb.key": PLACEHOLDER_KEY}, {})  # online
     assert wandb_settings({**flags, "logger.wandb.key": "k"}, {}) == ({}, {})  # the user's key, as OpenRLHF
     assert wandb_settings({"actor.model_name_or_path": "m"}, {}) == ({}, {})  # no wandb
+
+
+SLURM_SCRIPT = REPO / "examples" / "scripts" / "train_oppo_slurm.sh"
+
+
+def _fake_slurm_bin(tmp_path: Path) -> Path:
+    """srun, scontrol, ray and sleep stand-ins that log their arguments: scontrol names two nodes,
+    srun runs its command (after its own options) with the stand-ins, `ray status` shows 16 GPUs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    scripts = {
+        "scontrol": 'printf "node-a\\nnode-b\\n"',
+        "srun": f'echo "srun $*" >> {log}\nwhile [[ $1 == -* ]]; do if [[ $1 == -w ]]; then shift; fi; shift; done\n'
+                'if [[ $1 == hostname ]]; then echo 10.0.0.1; else "$@"; fi',
+        "ray": f'echo "ray $*" >> {log}\nif [[ $1 == status ]]; then echo " 0.0/16.0 GPU"; fi',
+        "sleep": "true",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def _slurm_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CPUS_PER_NODE", "GPUS_PER_NODE"))}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("given, cpus", [({"SLURM_CPUS_ON_NODE": "96"}, "96"),
+                                         ({"SLURM_CPUS_ON_NODE": "96", "SLURM_CPUS_PER_TASK": "64"}, "64"),
+                                         ({"SLURM_CPUS_ON_NODE": "96", "CPUS_PER_NODE": "32"}, "32")])
+def test_under_slurm_each_ray_node_declares_the_cpus_its_step_holds(tmp_path, given, cpus):
+    """Where SLURM confines a step's cores, `ray start` without `--num-cpus` counts what the step
+    got, and OpenRLHF's {"GPU": 1, "CPU": 1} bundles can wait forever: every Ray node declares its
+    CPUs and GPUs, and its srun step asks for those CPUs."""
+    bin_dir = _fake_slurm_bin(tmp_path)
+    env = _slurm_env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node-[a-b]",
+                     SLURM_GPUS_PER_TASK="8", **given)
+    out = subprocess.run(["bash", str(SLURM_SCRIPT)], capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    starts = [c for c in calls if c.startswith("srun") and " ray start " in c]
+    assert len(starts) == 2 and "--head" in starts[0] and "-w node-a" in starts[0] and "-w node-b" in starts[1]
+    for call in starts:
+        assert f"--cpus-per-task={cpus}" in call and f"--num-cpus {cpus} --num-gpus 8" in call, call
+    assert [c for c in calls if c.startswith("ray job submit")]
+    source = next(k for k in ("CPUS_PER_NODE", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE") if k in given)
+    assert f"{cpus} CPUs (from {source})" in out.stderr
+
+
+def test_under_slurm_fewer_cpus_than_gpus_per_node_is_refused_before_ray_starts(tmp_path):
+    bin_dir = _fake_slurm_bin(tmp_path)
+    env = _slurm_env(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node-[a-b]",
+                     SLURM_GPUS_PER_TASK="8", SLURM_CPUS_ON_NODE="4")
+    out = subprocess.run(["bash", str(SLURM_SCRIPT)], capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    assert out.returncode == 2
+    assert "4 CPUs per node (from SLURM_CPUS_ON_NODE) for 8 GPUs" in out.stderr
+    assert "#SBATCH --cpus-per-task" in out.stderr
+    assert not (tmp_path / "calls.log").exists()  # neither srun nor ray ran
+
+
+def test_the_slurm_dry_run_prints_the_ray_starts_with_their_cpus():
+    env = _slurm_env(SLURM_CPUS_PER_TASK="48")
+    out = subprocess.run(["bash", str(SLURM_SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=60,
+                         env=env, cwd="/")
+    assert out.returncode == 0, out.stderr
+    starts = [shlex.split(line) for line in out.stdout.splitlines() if " ray start " in line]
+    assert len(starts) == 2
+    for words in starts:
+        assert words[words.index("--num-cpus") + 1] == "48" and "--cpus-per-task=48" in words
