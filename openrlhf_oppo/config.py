@@ -332,6 +332,35 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class TimeoutsConfig:
+    """Bounds on the waits across processes on the GPU path (a weight broadcast, an engine's wake, the
+    calls around them): a wait past its bound ends the run with a message naming what was waited for,
+    to resume from its last checkpoint (`--ckpt.load_enable`) as after a crash."""
+
+    weight_sync_s: float = _f(
+        900.0,
+        "Seconds the weight sync may take: the actor group's gather and send, the engines' loads (with "
+        "--oppo.staleness.background_sync, their landing and the actor's wait for its last sender), and "
+        "the creation of the sharded sync's group; several times what a 72B model's 145 GB take over a "
+        "1 GB/s link.",
+    )
+    engine_call_s: float = _f(
+        300.0,
+        "Seconds any other call to a rollout engine may take: its wake (weights back from host memory, "
+        "the KV cache mapped) and sleep, a pause, a resume, a start, a poll's answer (due within a second).",
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("weight_sync_s", "engine_call_s"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                     f"timeouts.{name}", "a number of seconds > 0", value)
+
+
+@dataclass(frozen=True)
 class OppoConfig:
     """Everything OPPO adds to an OpenRLHF PPO run."""
 
@@ -343,12 +372,16 @@ class OppoConfig:
         default_factory=MegatronConfig, metadata={"help": "Megatron-Core training backend for the actor."}
     )
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Training micro-batches and advantages."})
+    timeouts: TimeoutsConfig = field(
+        default_factory=TimeoutsConfig, metadata={"help": "Bounded waits on the GPU path (a stall ends the run)."}
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        for section in (self.delta, self.chunk, self.staleness, self.streaming, self.megatron, self.train):
+        for section in (self.delta, self.chunk, self.staleness, self.streaming, self.megatron, self.train,
+                        self.timeouts):
             section.validate()
         # lag 1: a group admitted while the trainer trains holds tokens one version old, so it
         # must be trained in the very next step; a carried group would be two versions old
@@ -421,6 +454,7 @@ __all__ = [
     "OppoConfig",
     "StalenessConfig",
     "StreamingConfig",
+    "TimeoutsConfig",
     "TrainConfig",
     "add_cli_flags",
     "field_help",

@@ -33,6 +33,13 @@ Transports of the buffer:
                     to point over a group of every actor rank and every engine worker (`shard_group`)
                     into the workers' `receive_shards` (`worker_ext`). The trainer waits for the copy.
 
+Waits (`--oppo.timeouts.weight_sync_s`): nothing can free an engine worker or a sender thread blocked
+in an NCCL broadcast, so the waits for them are bounded instead and a stall ends the run: the driver's
+for the engines' loads (`EnginePool.resume_when_loaded`), the actor's for the last sync's sender
+(`start_sync`) and for the engines joining the sharded sync's group (`shard_group`; its rendezvous is
+vLLM's `StatelessProcessGroup`, bounded by its store's timeout). Ending the driver ends every process
+of the run; it resumes from its last checkpoint as after a crash.
+
 The driver swaps OpenRLHF's `PolicyModelActor` for this one (`trainer.patch_driver`), as it swaps
 the Megatron actor in, so a cluster's workers need nothing on their PYTHONPATH for it.
 """
@@ -47,6 +54,7 @@ import torch
 from openrlhf.trainer.ray import ppo_actor as _ppo_actor
 
 from openrlhf_oppo import timeline
+from openrlhf_oppo.integrations.runtime.ray_calls import WEIGHT_SYNC_FLAG, RayCalls, bounded_get, stalled
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 NOT_INSTALLED = ("OPPO background weight sync: the policy actor returned no engine loads, so it is "
@@ -192,7 +200,7 @@ def _start_sending(buffer: list, send, fail) -> threading.Thread:
     copied = torch.cuda.Event()
     copied.record()
     stream = torch.cuda.Stream()
-    device = torch.cuda.current_device()  # a thread starts on device 0: send from the trainer's
+    device = torch.device("cuda", torch.cuda.current_device())  # a thread starts on device 0: send from the trainer's
 
     def run() -> None:
         try:
@@ -211,10 +219,11 @@ def _start_sending(buffer: list, send, fail) -> threading.Thread:
     return thread
 
 
-def shard_group(trainer):
+def shard_group(trainer, timeout_s: float):
     """The NCCL group of a sharded sync, made on the first one: every actor rank (group rank = its own)
     and every engine worker after them, as OpenRLHF's `_init_vllm_sync_group` makes its group of rank 0
-    and the workers (the workers' group is replaced by this one)."""
+    and the workers (the workers' group is replaced by this one). The engines' joining is waited for
+    `timeout_s` seconds at most."""
     group = getattr(trainer, "_oppo_shard_group", None)
     if group is not None:
         return group
@@ -238,28 +247,43 @@ def shard_group(trainer):
                                                    backend="nccl", use_ray=False)
                   for i, engine in enumerate(trainer.vllm_engines)]
     trainer._oppo_shard_group = stateless_init_process_group(host, port, rank, world, torch.cuda.current_device())
-    ray.get(joined)
+    bounded_get(RayCalls(), joined, timeout_s, "the engines' workers joining the sharded sync's NCCL group",
+                WEIGHT_SYNC_FLAG)
     return trainer._oppo_shard_group
+
+
+def join_sender(trainer, timeout_s: float) -> None:
+    """Wait for the last sync's sender thread on this rank (the driver waited for the engines' loads, so
+    its last calls have returned) for `timeout_s` seconds at most: a thread blocked in a broadcast to an
+    engine that never receives it cannot be freed, so the run ends (`Stalled`)."""
+    previous = getattr(trainer, "_oppo_send_thread", None)
+    if previous is None:
+        return
+    previous.join(timeout_s)
+    if previous.is_alive():
+        raise stalled(f"the last background weight sync's sender thread on actor rank {torch.distributed.get_rank()} "
+                      f"(its broadcast to the engines)", timeout_s, WEIGHT_SYNC_FLAG)
+    trainer._oppo_send_thread = None
 
 
 def start_sync(trainer) -> list:
     """The actor side of a background sync on `trainer` (OpenRLHF's `ActorPPOTrainer` on this rank):
     gather every parameter to sync into rank 0's buffer and start sending it; rank 0 returns the
     engines' load calls, the other ranks []. With the `shards` buffer every rank buffers and sends its
-    own partitions, and returns its calls (on GPUs, rank 0 the engines' only one)."""
+    own partitions, and returns its calls (on GPUs, rank 0 the engines' only one). The last sync's sender
+    is waited for --oppo.timeouts.weight_sync_s at most (`Stalled` past it)."""
     from openrlhf_oppo.compat.weight_sync import gathered_weights
     from openrlhf_oppo.integrations.runtime.run_config import config_from_env
 
-    previous = getattr(trainer, "_oppo_send_thread", None)
-    if previous is not None:  # the driver waited for its loads; the sender's last calls return with them
-        previous.join()
-        trainer._oppo_send_thread = None
-    buffer = config_from_env().staleness.background_sync_buffer
+    config = config_from_env()
+    timeout_s = config.timeouts.weight_sync_s
+    join_sender(trainer, timeout_s)
+    buffer = config.staleness.background_sync_buffer
     if buffer == "shards":  # every rank sends its own partitions: no gather
         from openrlhf_oppo.compat.weight_sync import local_shards
 
         cuda = torch.cuda.is_available()
-        sender = NcclShardSender(trainer, shard_group(trainer)) if cuda else CpuShardSender(trainer)
+        sender = NcclShardSender(trainer, shard_group(trainer, timeout_s)) if cuda else CpuShardSender(trainer)
         for name, shard, shape in local_shards(trainer):
             sender.add(name, shard, shape)
         loads, trainer._oppo_send_thread = sender.start()

@@ -10,7 +10,8 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
    places the models as in its async mode and OPPO's trainer runs them) that
    - replaces its samples generator with `OppoSamplesGenerator`,
    - pauses generation around the weight sync (carried requests are kept) and
-     stamps later tokens with the new policy version,
+     stamps later tokens with the new policy version, its waits bounded
+     (`--oppo.timeouts.*`: a stall ends the run naming what was waited for),
    - closes each OPPO step once the batch's mean reward is known (it feeds Δ) and
      merges the `oppo/*` metrics into the status OpenRLHF logs to wandb /
      TensorBoard (and appends them to a JSONL file),
@@ -53,6 +54,7 @@ from openrlhf_oppo.integrations.runtime import advantages, background_sync, faul
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
+from openrlhf_oppo.integrations.runtime.ray_calls import Stalled
 from openrlhf_oppo.integrations.runtime.reference import streamed_reference_forward
 from openrlhf_oppo.integrations.runtime.reward_dispatch import REFERENCE, REWARD, ScorerDispatcher, Scorers
 from openrlhf_oppo.integrations.runtime.rollout import OppoRolloutRayActor
@@ -128,9 +130,11 @@ def build_samples_generator(base, reward_group, reference_group=None) -> OppoSam
     reward = ScorerDispatcher(actors, scheduler, meter, base.strategy, args.reward.model_name_or_path)
     reference = ScorerDispatcher(ref_actors, scheduler, meter.add_scorer("reference_scorer", len(ref_actors)),
                                  base.strategy, args.actor.model_name_or_path, name=REFERENCE)
+    engines = EnginePool(base.vllm_engines, timeouts=oppo.timeouts,
+                         gpu_memory_utilization=getattr(args.vllm, "gpu_memory_utilization", None))
     return OppoSamplesGenerator(
         base.strategy, base.prompts_dataloader, base.eval_dataloader, base.tokenizer, base.vllm_engines,
-        oppo=oppo, mode=mode, scheduler=scheduler, engines=EnginePool(base.vllm_engines), meter=meter,
+        oppo=oppo, mode=mode, scheduler=scheduler, engines=engines, meter=meter,
         scorers=Scorers(reward, reference),
     )
 
@@ -143,6 +147,7 @@ class OppoPPOTrainerImpl(_BASE):
         super().__init__(*args, **kwargs)
         self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group,
                                                          self.reference_model_group)
+        self.samples_generator.engines.empty_caches = self._empty_model_caches
         if self.samples_generator.scorers.reference.actors:
             streamed_reference_forward(self.experience_maker, self.samples_generator.reference_logprobs)
         make_experience_batch = self.experience_maker.make_experience_batch
@@ -162,23 +167,45 @@ class OppoPPOTrainerImpl(_BASE):
                                                  self.samples_generator.oppo.train.vectorized_advantages)
 
     def broadcast_to_vllm(self) -> None:
+        """The weight sync between the engines' pause and resume. With --oppo.staleness.background_sync the
+        actor group returns once its weights are gathered, with the engines' loads, and the engines resume
+        when those land. A stalled sync (`Stalled`) ends the run without another call to the engines: they
+        may be blocked in the broadcast."""
         gen = self.samples_generator
         gen.pause_for_weight_sync()
-        if not gen.mode.background_sync:
-            try:
-                super().broadcast_to_vllm()
-            finally:
-                gen.resume_after_weight_sync()
-            return
-        # --oppo.staleness.background_sync: wait for the gather only; the engines resume when loaded
+        loads = None
         try:
             with timeline.RECORDER.timed("driver", "weight_sync"):
-                replies = ray.get(self.actor_model_group.async_run_method(method_name="broadcast_to_vllm"))
-            loads = background_sync.engine_loads(replies)
+                replies = self._sync_weights()
+            if gen.mode.background_sync:
+                loads = background_sync.engine_loads(replies)
+        except Stalled:
+            raise
         except BaseException:
             gen.resume_after_weight_sync()
             raise
         gen.resume_after_weight_sync(loads)
+
+    def _sync_weights(self) -> list:
+        """OpenRLHF 0.11.2's `PPOTrainer.broadcast_to_vllm` with its waits bounded: under --vllm.enable_sleep
+        the engines wake their weights only (the KV cache wakes before the next step's generation), then every
+        actor rank runs `broadcast_to_vllm`; their replies, within --oppo.timeouts.weight_sync_s."""
+        engines = self.samples_generator.engines
+        if self.args.vllm.enable_sleep:
+            engines.wake(["weights"], phase="the weight sync")
+        refs = self.actor_model_group.async_run_method(method_name="broadcast_to_vllm")
+        return engines.wait_weight_sync(refs, "the actor group's weight sync (broadcast_to_vllm: gather and send)")
+
+    def _empty_model_caches(self) -> list:
+        """Calls that empty the CUDA caches of OpenRLHF's model groups (`empty_cache`, as its experience
+        maker calls it), before a wake of the engines beside them is retried."""
+        groups = [self.actor_model_group, self.critic_model_group, self.reference_model_group,
+                  self.reward_model_group]
+        refs = []
+        for group in groups:
+            if group is not None:
+                refs += group.async_run_method(method_name="empty_cache")
+        return refs
 
     def train_step(self, rollout_samples, global_step: int):
         status, step = super().train_step(rollout_samples, global_step)

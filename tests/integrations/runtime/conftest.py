@@ -41,14 +41,14 @@ class FakeCalls:
     def __init__(self) -> None:
         self.killed: list = []
 
-    def get(self, refs):
+    def get(self, refs, timeout_s: float | None = None):
         if isinstance(refs, list):
             return [self.get(r) for r in refs]
         if refs.error is not None:
             raise refs.error
         return refs.value
 
-    def wait_any(self, refs: list) -> None:
+    def wait_any(self, refs: list, timeout_s: float | None = None) -> None:
         assert any(r.ready for r in refs), "the driver would sleep forever: nothing is ready"
 
     def ready(self, refs: list) -> list:

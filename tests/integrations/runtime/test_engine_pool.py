@@ -112,7 +112,7 @@ class GatedCalls:
 
         self.inner, self.gate, self.opened = fakes.FakeCalls(), fakes.FakeRef("loaded"), threading.Event()
 
-    def get(self, refs):
+    def get(self, refs, timeout_s: float | None = None):
         if refs is self.gate or (isinstance(refs, list) and self.gate in refs):
             assert self.opened.wait(10), "the load never finished"
         return self.inner.get(refs)
