@@ -413,3 +413,18 @@ def test_the_slurm_dry_run_prints_the_ray_starts_with_their_cpus():
     assert len(starts) == 2
     for words in starts:
         assert words[words.index("--num-cpus") + 1] == "48" and "--cpus-per-task=48" in words
+
+
+def test_the_readme_job_uploads_this_checkout_as_the_scripts_do():
+    """OpenRLHF's README submits from its container (`"working_dir": "/openrlhf"`); here the job's
+    working_dir is the checkout the command runs in, as `examples/scripts/_common.sh` sets it."""
+    import json
+
+    (block,) = [b for b in re.findall(r"```bash\n(.*?)```", _readme_cluster_section(), re.S) if ENTRY in b]
+    words = shlex.split(block.replace("\\\n", " "))
+    runtime_env = json.loads(words[words.index("--runtime-env-json") + 1] if "--runtime-env-json" in words else
+                             next(w.split("=", 1)[1] for w in words if w.startswith("--runtime-env-json=")))
+    assert runtime_env["working_dir"] == "."
+    assert {"ckpt", "runs"} <= {e.rstrip("/") for e in runtime_env["excludes"]}
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        assert not re.search(r'"working_dir": *"/', doc.read_text()), f"{doc.name}: a working_dir outside the checkout"
