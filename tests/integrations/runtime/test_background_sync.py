@@ -273,3 +273,207 @@ def test_an_engine_worker_reassembles_every_ranks_partition_and_loads_the_parame
     OppoWorkerWrap.receive_shards(worker, [("w", torch.float32, (5, 3), 8)], 2)
     (name, weight), = loaded
     assert name == "w" and torch.equal(weight, whole)
+
+
+# ------------------------------------------------------------------ the packing on a fake GPU (STYLE 27)
+
+
+class SpyGroup:
+    """The NCCL group a sync sends through (OpenRLHF's weight-update group, `shard_group`'s): records what
+    reaches each collective and refuses a tensor that is not on the GPU, as NCCL does (the sender's thread
+    catches the error and cancels the loads: `refused` keeps it for the check)."""
+
+    world_size = 2  # the sharded sync's: this rank, then one engine worker
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, tuple]] = []
+        self.refused: list[str] = []
+
+    def _take(self, op: str, tensor: torch.Tensor) -> None:
+        from openrlhf_oppo.compat.fake_cuda import is_fake_cuda
+
+        if not is_fake_cuda(tensor):
+            self.refused.append(f"NCCL {op}: a {tuple(tensor.shape)} tensor on {tensor.device}, not on the GPU")
+            raise RuntimeError(self.refused[-1])
+        self.sent.append((op, tuple(tensor.shape)))
+
+    def broadcast(self, tensor, src, stream) -> None:
+        self._take("broadcast", tensor)
+
+    def send(self, tensor, dst, stream) -> None:
+        self._take(f"send to {dst}", tensor)
+
+    def group_start(self) -> None:
+        pass
+
+    def group_end(self) -> None:
+        pass
+
+
+class InlineThread:
+    """A thread that runs its target as it starts, in the caller's thread: the fake CUDA device's modes are
+    the caller thread's own."""
+
+    def __init__(self, target, name, daemon) -> None:
+        self.target = target
+
+    def start(self) -> None:
+        self.target()
+
+    def join(self, timeout=None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def cuda_runtime(monkeypatch):
+    """CUDA's streams and events as no-ops (a CPU build has none), `record_stream` and the sender's thread
+    spied: what a GPU would refuse (a stream recorded on a host tensor) is recorded in `refused`."""
+    import contextlib
+
+    from openrlhf_oppo.compat.fake_cuda import is_fake_cuda
+
+    spy = SimpleNamespace(refused=[], recorded=0, cancelled=[], allocations=[])
+
+    class Stream:
+        def wait_event(self, event) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+    class Event:
+        def record(self, stream=None) -> None:
+            pass
+
+    def record_stream(tensor, stream) -> None:
+        if not is_fake_cuda(tensor):
+            spy.refused.append(f"record_stream on a {tuple(tensor.shape)} tensor on {tensor.device}")
+        spy.recorded += 1
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.Tensor, "record_stream", record_stream, raising=False)
+    monkeypatch.setattr(background_sync, "threading", SimpleNamespace(Thread=InlineThread))
+    monkeypatch.setattr(background_sync.ray, "cancel", spy.cancelled.append)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda *a, **kw: None)  # gloo cannot take a fake tensor
+    return spy
+
+
+def walk_sync(fakes, model: torch.nn.Module, spy, monkeypatch, shards: bool = False):
+    """`start_sync` on the actor's rank 0 with `model`'s weights on the fake GPU, up to the collectives (a
+    `SpyGroup`): the loads, the sender made, its group; the allocations it made land in `spy`."""
+    import deepspeed  # noqa: F401 - its accelerator is chosen at import: a CPU one, before the fake GPU
+    from torch.overrides import TorchFunctionMode
+
+    from openrlhf_oppo.compat.fake_cuda import fake_cuda
+
+    class Allocations(TorchFunctionMode):
+        """Records the (device, pinned) of every `torch.empty`."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.empty:
+                spy.allocations.append((str(kwargs.get("device")), kwargs.get("pin_memory", False)))
+            return func(*args, **kwargs)
+
+    senders = []
+    for kind in (background_sync.NcclSender, background_sync.NcclShardSender):
+        def start(self, _start=kind.start):
+            senders.append(self)
+            return _start(self)
+
+        monkeypatch.setattr(kind, "start", start)
+    trainer = make_trainer(fakes, model, engines=1)
+    group = SpyGroup()
+    trainer._model_update_group = group
+    trainer._oppo_shard_group = group
+    trainer.vllm_engines[0].receive_weights = fakes.FakeMethod(lambda metas: "load")
+    trainer.vllm_engines[0].receive_shards = fakes.FakeMethod(lambda metas, senders: "load")
+    with fake_cuda(model):
+        if shards:
+            for param in model.parameters():  # this rank's ZeRO-3 partition, where DeepSpeed keeps it: the GPU
+                param.ds_tensor = torch.empty(param.numel(), dtype=param.dtype, device="cuda")
+                param.ds_tensor.ds_numel = param.numel()
+                param.ds_shape = param.shape
+                param.ds_process_group = torch.distributed.group.WORLD
+        with Allocations():
+            loads = background_sync.start_sync(trainer)
+    (sender,) = senders
+    return SimpleNamespace(loads=loads, sender=sender, group=group)
+
+
+def check_devices(walk, spy, buffer: str) -> None:
+    """What a GPU would refuse, and a buffer in the wrong place: every collective got a tensor on the GPU,
+    no stream was recorded on a host tensor, no load was cancelled; the `device` and `shards` buffers hold
+    GPU copies, the `host` one tensors in host memory, each allocated pinned (what the copies to and from
+    the GPU overlap with)."""
+    from openrlhf_oppo.compat.fake_cuda import is_fake_cuda
+
+    problems = walk.group.refused + spy.refused
+    assert not problems, "; ".join(problems)
+    assert spy.cancelled == [], "the sender failed and cancelled the engines' loads"
+    kept = [entry if buffer == "shards" else entry[1] for entry in walk.sender.buffer]
+    if buffer == "host":
+        misplaced = [f"{tuple(t.shape)} on {t.device}" for t in kept if t.device.type != "cpu"]
+        assert not misplaced, f"host buffer: {misplaced} not in host memory"
+        assert spy.allocations == [("cpu", True)] * len(kept), f"host buffer allocated as {spy.allocations}: " \
+                                                               f"each must be pinned host memory"
+    else:
+        misplaced = [f"{tuple(t.shape)} on {t.device}" for t in kept if not is_fake_cuda(t)]
+        assert not misplaced, f"{buffer} buffer: {misplaced} not on the GPU"
+
+
+@pytest.mark.parametrize("buffer", ["device", "host"])
+def test_the_gpu_sender_packs_and_sends_the_weights_on_the_gpu(fakes, one_rank, sync_buffer, cuda_runtime,
+                                                                 monkeypatch, buffer):
+    """`--oppo.staleness.background_sync_buffer device|host` on a fake GPU: the actor's gathered weights are
+    copied to the buffer where intended and every broadcast gets them on the GPU (a host copy staged back)."""
+    sync_buffer(buffer)
+    walk = walk_sync(fakes, torch.nn.Linear(3, 2), cuda_runtime, monkeypatch)
+    check_devices(walk, cuda_runtime, buffer)
+    assert isinstance(walk.sender, background_sync.NcclSender) and walk.sender.host == (buffer == "host")
+    assert [r.value for r in walk.loads] == ["load"]
+    assert walk.group.sent == [("broadcast", (2, 3)), ("broadcast", (2,))]
+    assert cuda_runtime.recorded == 2  # each gathered tensor kept from reuse until its copy ran
+
+
+def test_the_gpu_shard_sender_copies_and_sends_the_partitions_on_the_gpu(fakes, one_rank, sync_buffer,
+                                                                         cuda_runtime, monkeypatch):
+    sync_buffer("shards")
+    walk = walk_sync(fakes, torch.nn.Linear(3, 2), cuda_runtime, monkeypatch, shards=True)
+    check_devices(walk, cuda_runtime, "shards")
+    assert isinstance(walk.sender, background_sync.NcclShardSender)
+    assert [r.value for r in walk.loads] == ["load"]
+    assert walk.group.sent == [("send to 1", (6,)), ("send to 1", (2,))]
+
+
+def test_the_device_check_fails_on_a_buffer_planted_in_host_memory(fakes, one_rank, sync_buffer, cuda_runtime,
+                                                                    monkeypatch):
+    def add(self, name, tensor):  # the device buffer copied to the host (staged back before each send)
+        self.buffer.append((name, tensor.detach().to("cpu")))
+
+    monkeypatch.setattr(background_sync.NcclSender, "add", add)
+    walk = walk_sync(fakes, torch.nn.Linear(3, 2), cuda_runtime, monkeypatch)
+    with pytest.raises(AssertionError, match=r"device buffer: \['\(2, 3\) on cpu', '\(2,\) on cpu'\] not on the GPU"):
+        check_devices(walk, cuda_runtime, "device")
+
+
+def test_the_device_check_fails_on_a_host_tensor_planted_before_the_collective(fakes, one_rank, sync_buffer,
+                                                                               cuda_runtime, monkeypatch):
+    sync_buffer("host")
+    send_from_host = background_sync._start_sending
+
+    def start_sending(buffer, send, fail):  # the host buffer sent as it is, not staged to the GPU
+        return send_from_host(buffer, lambda tensor, stream: send(tensor.to("cpu"), stream), fail)
+
+    monkeypatch.setattr(background_sync, "_start_sending", start_sending)
+    walk = walk_sync(fakes, torch.nn.Linear(3, 2), cuda_runtime, monkeypatch)
+    with pytest.raises(AssertionError, match=r"NCCL broadcast: a \(2, 3\) tensor on cpu, not on the GPU"):
+        check_devices(walk, cuda_runtime, "host")
+    assert [r.value for r in cuda_runtime.cancelled] == ["load"]  # the sender failed as on a GPU: loads cancelled
