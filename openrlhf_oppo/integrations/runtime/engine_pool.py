@@ -157,7 +157,7 @@ class EnginePool:
                 self.polls[idx] = engine.next_outputs.remote(POLL_S, wake_tokens)
                 self.polled_at[idx] = time.monotonic()
         bound = self.timeouts.engine_call_s
-        left = bound - (time.monotonic() - min(self.polled_at.values()))
+        left = bound - (time.monotonic() - min(self.polled_at.values(), default=time.monotonic()))
         self.calls.wait_any([*self.polls.values(), *also], timeout_s=max(left, 0.0))
         done = set(self.calls.ready(list(self.polls.values())))
         now = time.monotonic()
