@@ -6,6 +6,11 @@ and the inputs (`preflight.check_inputs`: every row of the local dataset files, 
 against OpenRLHF's prompt budget, the reward model's and critic's tokenizers against the
 actor's). A bad row is an error naming the file and row here, not deep inside an actor after
 the cluster has started. Hub ids are skipped with a notice, as in `openrlhf-oppo train`.
+
+Once Ray is up, the driver says whether the site hook runs in the workers of every node (it forwards
+a PYTHONPATH with the hook's folder first, merged with the user's: `worker_hooks`), and ends the run
+here, before OpenRLHF starts, when something the run asks for (length-bucketed micro-batches, on by
+default) needs it on a node where it is not.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from openrlhf_oppo import run_env
-from openrlhf_oppo.integrations.launch import driver, preflight
+from openrlhf_oppo.integrations.launch import driver, preflight, worker_hooks
 
 REPORT_ENV = "OPPO_PREFLIGHT_JSON"  # where the input checks' report goes (default: a temp file)
 
@@ -41,5 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"{driver.ENTRY_MODULE}: error: {exc}", file=sys.stderr)
         return 2
-    driver.run_openrlhf(cfg, rest)
+    try:
+        driver.run_openrlhf(cfg, rest)
+    except worker_hooks.SiteHookMissing as exc:
+        print(f"{driver.ENTRY_MODULE}: error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -22,6 +22,7 @@ import sys
 
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
+from openrlhf_oppo.integrations.launch import worker_hooks
 
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
 ENTRY_MODULE = "openrlhf_oppo.cli.train_ppo_ray"  # the thin entry point over this module
@@ -269,13 +270,14 @@ FORWARDED_ENV = ("WANDB_MODE", "WANDB_DIR", "WANDB_API_KEY")  # and every OPPO_*
 def driver_env_vars(environ: dict[str, str]) -> dict[str, str]:
     """The env vars of the run's Ray workers that this driver sets: OpenRLHF's own `ray.init`
     defaults (it skips its `ray.init` once Ray is up), every `OPPO_*` variable (OPPO's config,
-    run files, faults) and wandb's. Under `ray job submit` a variable the job's runtime env
-    already sets is left out: the job's value reaches the workers, and Ray refuses a driver
-    runtime env that sets it again."""
+    run files, faults), wandb's, and a PYTHONPATH with the site hook first (`worker_hooks`).
+    Under `ray job submit` a variable the job's runtime env already sets is left out: the job's
+    value reaches the workers, and Ray refuses a driver runtime env that sets it again."""
     env = {
         "TOKENIZERS_PARALLELISM": environ.get("TOKENIZERS_PARALLELISM", "true"),
         "NCCL_DEBUG": environ.get("NCCL_DEBUG", "WARN"),
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+        "PYTHONPATH": worker_hooks.worker_pythonpath(environ),
     }
     env.update({k: v for k, v in environ.items() if k.startswith("OPPO_") or k in FORWARDED_ENV})
     job = json.loads(environ.get(JOB_CONFIG_ENV) or "{}")
@@ -318,6 +320,9 @@ def run_openrlhf(cfg: oppo_config.OppoConfig, rest: list[str]) -> None:
     if not ray.is_initialized():
         # the trainer actor reads the OPPO config from these env vars
         ray.init(runtime_env={"env_vars": driver_env_vars(os.environ)})
+    # where the site hook runs in the workers; worker_hooks.SiteHookMissing where the run needs it and it does not
+    given = {flag for flag in worker_hooks.FLAGS if _given(flag, rest)}
+    print(f"{ENTRY_MODULE}: {worker_hooks.check(cfg.train.length_buckets, given)}", file=sys.stderr)
     patch_driver(streams_rewards(rest, cfg), "reference" in cfg.streaming.scorers(), cfg.megatron.enable,
                  cfg.staleness.background_sync)
     sys.argv = [OPENRLHF_MODULE, *rest]
