@@ -8,6 +8,13 @@ from __future__ import annotations
 
 GB = 1e9
 RESERVE_BYTES = 4 * GB  # per device: CUDA contexts, NCCL buffers, allocator fragmentation
+# each process beyond the first with a CUDA context on the same device (torch's context and
+# kernels, about 0.5 GB on an H100); the launch-time check adds it for colocated models
+CUDA_CONTEXT_BYTES = 0.5 * GB
+# a device of vLLM's own: vLLM's gpu_memory_utilization covers its weights, activations, KV
+# cache and its own CUDA context; beyond it, the weight sync's NCCL communicator and allocator
+# slack (an estimate)
+VLLM_BEYOND_SHARE_BYTES = 1 * GB
 LIVE_PARAMETERS = 1e9  # DeepSpeed's stage3_max_live_parameters default: gathered at once, bf16
 ADAM_BYTES_PER_PARAM = 16  # ZeRO-3 trainable: bf16 weight + bf16 grad + fp32 master, exp_avg, exp_avg_sq
 WEIGHT_BYTES_PER_PARAM = 2  # a frozen bf16 copy (reference, reward model)
@@ -64,3 +71,63 @@ def kv_bytes(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int
 def kv_bytes_per_token(config, dtype_bytes: int) -> int:
     """Bytes of K and V one token takes over all layers of a decoder with `config`."""
     return kv_bytes(*kv_shape(config), dtype_bytes)
+
+
+def layer_forward_bytes(tokens: int, hidden: int, intermediate: int) -> float:
+    """One decoder layer's working set in a forward without gradients over `tokens` (padded) bf16
+    tokens, freed layer by layer: the MLP's gate, up and their product (3 x intermediate) and about
+    four hidden-wide tensors (residual, norm output, attention output, query), 2 B each. At 16,384
+    tokens of Qwen2.5-7B's shape: 2.3 GB."""
+    return 2 * tokens * (3 * intermediate + 4 * hidden)
+
+
+def logits_forward_bytes(tokens: int, vocab: int) -> float:
+    """A log-prob forward's logits: bf16 from the LM head and the fp32 copy OpenRLHF 0.11.2's
+    `Actor.forward` makes of them, 6 B a token and vocabulary entry."""
+    return 6 * tokens * vocab
+
+
+def training_activation_bytes(tokens: int, layers: int, hidden: int, intermediate: int, vocab: int,
+                              checkpointing: bool, lm_head: bool = True) -> float:
+    """Activations of one training micro-batch of `tokens` (padded) bf16 tokens, as the simulator
+    counts them (`sim.memory`): a layer keeps 2 x (10 x hidden + 4 x intermediate) B a token; with
+    gradient checkpointing each layer keeps only its input (2 x hidden B) and one layer is
+    recomputed at a time; an LM head adds fp32 logits and their gradient (8 B a token and vocabulary
+    entry), a critic's one-wide head nothing."""
+    layer = 2 * tokens * (10 * hidden + 4 * intermediate)
+    if checkpointing:
+        kept = 2 * layers * tokens * hidden + layer
+    else:
+        kept = layers * layer
+    return kept + (8 * tokens * vocab if lm_head else 0)
+
+
+def megatron_layer_activation_bytes(micro_batch: int, seq: int, hidden: int, heads: int, intermediate: int,
+                                    tp: int) -> float:
+    """What one decoder layer of the Megatron actor keeps for its backward, on one tensor-parallel
+    rank (Megatron-Core's local layer spec: no sequence parallelism, no recompute, attention scores
+    materialised with the softmax in fp32), in bytes:
+
+        8 s b h          the two RMSNorms' inputs and outputs (bf16, full width on every rank)
+        8 s b h / tp     query, key and value expanded to every head, attention's output
+        6 b (a / tp) s^2 the softmax's fp32 output and its bf16 copy for the product with V
+        6 s b f / tp     the MLP's gate and up projections and their SwiGLU product
+
+    (s tokens, b samples, h hidden, a heads, f MLP width); within 5 % of Korthikanti et al.,
+    "Reducing Activation Recomputation in Large Transformer Models" (2022), s b h (10 + 24 / t +
+    5 a s / (h t)) at Qwen2.5-72B's shape."""
+    s, b = seq, micro_batch
+    return (8 * s * b * hidden + 8 * s * b * hidden / tp + 6 * b * (heads / tp) * s * s
+            + 6 * s * b * intermediate / tp)
+
+
+# what one node writes to the checkpoint's storage, all its ranks together: the rate the cluster
+# presets' save intervals are sized by (an NFS-class shared file system; a parallel file system or
+# local NVMe writes faster, which makes a save cheaper than counted)
+CHECKPOINT_WRITE_BYTES_PER_S_PER_NODE = 2 * GB
+
+
+def checkpoint_bytes(trained_params: float) -> float:
+    """One checkpoint of the trained models (DeepSpeed ZeRO-3 or Megatron, all ranks together): bf16
+    weights (2 B a parameter) and Adam's fp32 master weights and two moments (12 B)."""
+    return 14 * trained_params

@@ -1,11 +1,12 @@
 """Input checks of `openrlhf-oppo train`, in the launcher before Ray starts (no model
 is loaded): bad input is an error naming the flag, file or row, never a silent drop.
 
-`check_config` (always; no I/O): the flags as OpenRLHF's parser reads them
+`check_config` (always; no download): the flags as OpenRLHF's parser reads them
 (`openrlhf_flags.resolve`: YAML flags, then the extra flags after `--`), batch sizes
 that OpenRLHF and DeepSpeed would take apart or assert on deep inside a Ray actor,
-and OPPO's Δ against the rollout batch; for a `--train.colocate_all` OPPO run, the memory
-of each GPU (`memory_check`: reads the checkpoints' config.json, no weights).
+and OPPO's Δ against the rollout batch; the memory of every GPU in every phase of a step
+(`memory_check`: model shapes from config.json or the shipped table, no weights), printed as
+a table where the device's memory is known.
 
 `check_inputs` (skippable with `--skip-input-checks`): the local JSON / JSONL files of
 `--data.prompt_dataset` row by row, how many prompts OpenRLHF will cut to fit its
@@ -49,8 +50,28 @@ def resolve(flags: dict[str, Any], extra_argv: list[str], oppo: bool):
     return values, cfg
 
 
-def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool) -> dict[str, Any]:
-    """ValueError naming the flags of an inconsistent batch / length set-up; the resolved values."""
+def preset_device(extra_argv: list[str]):
+    """The `device:` section of the `--config` preset among `extra_argv` (the cluster entry's
+    argv) as a `memory_check.Device`; None without a preset or a section."""
+    import argparse
+
+    from openrlhf_oppo.integrations.launch import memory_check, yaml_config
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", default=None)
+    preset = parser.parse_known_args(extra_argv)[0].config
+    if not preset:
+        return None
+    return memory_check.preset_device(yaml_config.load(preset).device, preset)
+
+
+def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool, device=None,
+                 strict_memory: bool = False) -> dict[str, Any]:
+    """ValueError naming the flags of an inconsistent batch / length set-up or a layout whose
+    memory does not fit; the resolved values. `device`: the GPU a preset was sized for (a
+    `memory_check.Device`; default: the `device:` of a `--config` among `extra_argv`), used where
+    neither OPPO_DEVICE_MEMORY_GB nor a local GPU says; `strict_memory`: a model the check cannot
+    count is an error, not a warning (`--dry-run`)."""
     v, cfg = resolve(flags, extra_argv, oppo)
     for name in ("rollout.batch_size", "rollout.n_samples_per_prompt", "rollout.micro_batch_size",
                  "train.batch_size", "train.micro_batch_size", "data.max_len", "data.max_samples"):
@@ -85,7 +106,7 @@ def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool) -> di
                          "at most B prompt groups can be carried into the next step")
     from openrlhf_oppo.integrations.launch import memory_check
 
-    memory_check.check_colocated(v, cfg)
+    memory_check.check(v, cfg, preset=device or preset_device(extra_argv), strict=strict_memory)
     return v
 
 

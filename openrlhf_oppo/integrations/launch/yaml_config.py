@@ -5,11 +5,14 @@
     actor: {adam: {lr: 5.0e-4}, ...}   # any OpenRLHF namespace, nested = dotted flag
     train: {...}
     oppo: {...}      # OPPO's own config, parsed by openrlhf_oppo.config; passed through
+    device: {name: "H100 or A100, 80 GB", memory_gb: 80}   # the GPU a cluster preset is sized for
 
 A nested key `train: {async_enable: true}` is the flag `--train.async_enable`;
 true/false for switch flags, lists for multi-value flags. Keys are checked against
 the flags of `openrlhf.cli.train_ppo_ray` (see openrlhf_flags), so a typo is an
-error naming the key, not a silently ignored setting.
+error naming the key, not a silently ignored setting. `device:` names the GPU a preset's
+memory was counted for; the launch-time memory check uses it where neither
+OPPO_DEVICE_MEMORY_GB nor the launching host's GPU says (`memory_check`).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from typing import Any
 
 from openrlhf_oppo.integrations.launch.openrlhf_flags import Flag, namespaces, train_flags
 
-OUR_SECTIONS = ("task", "oppo")
+OUR_SECTIONS = ("task", "oppo", "device")
 TASK_KEYS = ("assets", "variant", "fixed_lengths")
+DEVICE_KEYS = ("name", "memory_gb")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class RunConfig:
     flags: dict[str, Any]  # dotted OpenRLHF flag -> value
     task: dict[str, Any]
     oppo: dict[str, Any]  # reserved for openrlhf_oppo.config (not parsed here)
+    device: dict[str, Any]  # {name, memory_gb} of the GPU the preset is sized for; {} without one
 
 
 def load(path: str | Path) -> RunConfig:
@@ -66,7 +71,23 @@ def from_mapping(raw: dict[str, Any], path: Path) -> RunConfig:
     for key in task:
         if key not in TASK_KEYS:
             raise ValueError(f"{path}: unknown key 'task.{key}'; allowed: {', '.join(TASK_KEYS)}")
-    return RunConfig(path=path, flags=flags, task=task, oppo=dict(raw.get("oppo") or {}))
+    return RunConfig(path=path, flags=flags, task=task, oppo=dict(raw.get("oppo") or {}),
+                     device=_device(raw.get("device"), path))
+
+
+def _device(section: Any, path: Path) -> dict[str, Any]:
+    """The `device:` section, checked: a name and the memory of one GPU in GB (> 0)."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or set(section) != set(DEVICE_KEYS):
+        raise ValueError(f"{path}: 'device' must be a mapping with exactly the keys {', '.join(DEVICE_KEYS)}, e.g. "
+                         "{name: H100 80 GB, memory_gb: 80}")
+    gb = section["memory_gb"]
+    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
+        raise ValueError(f"{path}: device.memory_gb must be a number of GB > 0, got {gb!r}")
+    if not isinstance(section["name"], str) or not section["name"].strip():
+        raise ValueError(f"{path}: device.name must name the GPU, got {section['name']!r}")
+    return dict(section)
 
 
 def _flatten(prefix: str, body: dict[str, Any], out: dict[str, Any]) -> None:
