@@ -5,7 +5,9 @@ checks, launching with restarts); `run` is its. `main` runs it and closes with a
 what the run logged: steps, the reward from the first steps to the last, the mean time a step,
 on the learn task what PPO learned (exact match against the SFT policy on the same prompts,
 response length, loops at the cap), and where the outputs are; then, on the learn task, the
-final actor against the SFT policy on prompts no step trained on (`heldout`).
+final actor against the SFT policy on prompts no step trained on (`heldout`). With `--dry-run`
+it runs every check a launch runs (flags, the per-GPU, per-phase memory table, the inputs),
+prints the command and exits: no Ray, no vLLM.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from openrlhf_oppo.integrations.launch.train_run import run
+from openrlhf_oppo.integrations.launch.train_run import dry_run, parse_args, run
 
 __all__ = ["main", "run", "summary"]
 
@@ -24,6 +26,8 @@ LEARNING_STEPS = 8  # the closing summary's learn-task figures: the first steps 
 
 
 def main(argv: list[str]) -> int:
+    if parse_args(argv).dry_run:
+        return dry_run(parse_args(argv))
     result = run(argv)
     for line in summary(result.paths.root):
         print(f"openrlhf-oppo train: {line}", flush=True)

@@ -6,6 +6,8 @@ and the inputs (`preflight.check_inputs`: every row of the local dataset files, 
 against OpenRLHF's prompt budget, the reward model's and critic's tokenizers against the
 actor's). A bad row is an error naming the file and row here, not deep inside an actor after
 the cluster has started. Hub ids are skipped with a notice, as in `openrlhf-oppo train`.
+`--dry-run` runs these checks, prints the memory table and exits without starting Ray
+(0, or 2 with the refusal; a model the memory check cannot count is a refusal there).
 
 Once Ray is up, the driver says whether the site hook runs in the workers of every node (it forwards
 a PYTHONPATH with the hook's folder first, merged with the user's: `worker_hooks`), and ends the run
@@ -33,19 +35,27 @@ def _report_path() -> Path:
     return Path(tempfile.gettempdir()) / f"openrlhf_oppo-preflight-{os.getpid()}.json"
 
 
+DRY_RUN = "--dry-run"  # every check, then exit: no Ray, no vLLM
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         driver.print_help()
         return 0
+    dry_run = DRY_RUN in argv
+    argv = [a for a in argv if a != DRY_RUN]
     try:
         cfg, rest = driver.resolve(argv)
-        preflight.check_config({}, argv, oppo=True)
+        preflight.check_config({}, argv, oppo=True, strict_memory=dry_run)
         if os.environ.get(run_env.SKIP_INPUT_CHECKS, "") not in ("1", "true"):  # the flags' checks stay
             preflight.check_inputs({}, argv, _report_path(), oppo=True)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{driver.ENTRY_MODULE}: error: {exc}", file=sys.stderr)
         return 2
+    if dry_run:
+        print(f"{driver.ENTRY_MODULE}: dry run: every check passed; Ray not started", flush=True)
+        return 0
     try:
         driver.run_openrlhf(cfg, rest)
     except worker_hooks.SiteHookMissing as exc:

@@ -4,17 +4,21 @@ Translates the YAML into OpenRLHF 0.11.2's own dotted flags, adds the schedule's
 flags (see openrlhf_oppo.integrations.launch.schedules) and runs OpenRLHF's
 `train_ppo_ray` unmodified, with the CPU compat layer where CUDA is absent.
 Progress and metrics are OpenRLHF's (stdout, TensorBoard under <output>/tensorboard,
-wandb offline when configured without a key).
+wandb offline when configured without a key). `--dry-run` runs every check the launch runs
+(flags, the memory of every GPU per phase, the inputs) and prints the command, starting
+nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from openrlhf_oppo.integrations.launch.schedules import all_schedules
+from openrlhf_oppo.integrations.launch.yaml_config import to_argv
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
                         "set --ckpt.save_steps). A stop asked by SIGTERM/SIGINT or --timeout-s is not restarted")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's, vLLM's and OpenRLHF's output here too (it always goes to RUN_DIR/train.log)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run every check the launch runs (flags, the memory table of every GPU per phase, the "
+                        "inputs), print the command and exit without starting Ray or vLLM: 0 when everything "
+                        "passes, 2 with the refusal (a model the memory check cannot count included)")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
     return p
 
@@ -45,7 +53,9 @@ def _task_flags(flags: dict, assets_dir: str | None, variant: str) -> tuple[dict
     # Checked even when the paths are given, so a typo never passes silently.
     if variant not in tasks.VARIANTS:
         raise ValueError(f"task.variant: unknown variant '{variant}'; allowed: {', '.join(tasks.VARIANTS)}")
-    needed = {"actor.model_name_or_path", "reward.model_name_or_path", "data.prompt_dataset"}
+    needed = {"actor.model_name_or_path", "data.prompt_dataset"}
+    if not flags.get("reward.remote_url"):  # a rule-based or remote reward needs no reward model
+        needed.add("reward.model_name_or_path")
     if needed <= flags.keys():
         return {}, None
     assets = tasks.build(variant, assets_dir)
@@ -72,7 +82,7 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan:
     """Every flag check, before anything is built or started; then the task's defaults."""
     from openrlhf_oppo import run_env
-    from openrlhf_oppo.integrations.launch import preflight, schedules, yaml_config
+    from openrlhf_oppo.integrations.launch import memory_check, preflight, schedules, yaml_config
     from openrlhf_oppo.integrations.runtime import fixed_lengths
 
     config = yaml_config.load(args.config)
@@ -87,7 +97,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
         driver.check_flags([*yaml_config.to_argv(flags), *args.extra], driver.overlay_flags(args.extra, oppo_cfg))
         oppo_argv = to_cli_args(oppo_cfg)
     extra = [*oppo_argv, *args.extra]
-    preflight.check_config(flags, extra, oppo=oppo_cfg is not None)  # before anything is built or started
+    device = memory_check.preset_device(config.device, args.config)
+    # before anything is built or started
+    preflight.check_config(flags, extra, oppo=oppo_cfg is not None, device=device, strict_memory=args.dry_run)
     task_defaults, tokenizer_json = _task_flags(
         flags, args.assets or config.task.get("assets"), config.task.get("variant", "tiny")
     )
@@ -103,9 +115,38 @@ def _plan(args: argparse.Namespace) -> _Plan:
     return _Plan(flags=flags, extra=extra, oppo=oppo_cfg is not None, tokenizer_json=tokenizer_json, env=env)
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
 def run(argv: list[str]):
     """One `openrlhf-oppo train` run from its argv: the launcher's RunResult (exit code, wall time, run paths)."""
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
+    if args.dry_run:
+        raise ValueError("--dry-run: use train_run.dry_run (this launches)")
+    from openrlhf_oppo.integrations.launch import launcher
+
+    schedule, plan, paths = _checked(args)
+    probe_ids = launcher.probe_prompt_ids(plan.tokenizer_json) if plan.tokenizer_json else None
+    result = _launch(args, plan, paths, probe_ids, schedule.entry_module)
+    _report(args.schedule, result)
+    return result
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """`--dry-run`: every check `run` makes before it launches (a refusal is a ValueError), then
+    the command it would launch; nothing is started. 0."""
+    from openrlhf_oppo.integrations.launch import launcher
+
+    schedule, plan, paths = _checked(args)
+    argv = ["python", "-m", schedule.entry_module, *to_argv(launcher.run_flags(paths, plan.flags)), *plan.extra]
+    print("openrlhf-oppo train: dry run: every check passed; nothing started. It would launch:", flush=True)
+    print("  " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    return 0
+
+
+def _checked(args: argparse.Namespace):
+    """(schedule, plan, run paths) after every check a launch makes: flags, memory, inputs."""
     from openrlhf_oppo.integrations.launch import launcher, preflight, schedules
 
     schedule = schedules.check(args.schedule)
@@ -117,12 +158,9 @@ def run(argv: list[str]):
         print("openrlhf-oppo train: input checks skipped (--skip-input-checks)", flush=True)
     else:
         preflight.check_inputs(plan.flags, plan.extra, paths.preflight, oppo=plan.oppo)
-    probe_ids = launcher.probe_prompt_ids(plan.tokenizer_json) if plan.tokenizer_json else None
     if args.restarts < 0:
         raise ValueError(f"--restarts must be >= 0, got {args.restarts}")
-    result = _launch(args, plan, paths, probe_ids, schedule.entry_module)
-    _report(args.schedule, result)
-    return result
+    return schedule, plan, paths
 
 
 def _launch(args: argparse.Namespace, plan: _Plan, paths, probe_ids: list[int] | None, entry_module: str):
