@@ -81,9 +81,13 @@ def _guard_mode(mode):
                     error.args = (f"{func.__name__}: a {tuple(t.shape)} CPU tensor beside a tensor on {CUDA}",)
                     raise error
 
-    def indexed(d):  # "cuda" / torch.device("cuda") name the current device: cuda:0
+    def indexed(d, device_arg: bool = False):
+        """"cuda" / torch.device("cuda") name the current device, cuda:0; so does a bare index
+        where a device is expected (`device=torch.cuda.current_device()`, `.to(0)`)."""
         if (d == "cuda") or (isinstance(d, torch.device) and d.type == "cuda" and d.index is None):
             return CUDA
+        if device_arg and isinstance(d, int) and not isinstance(d, bool):
+            return torch.device("cuda", d)
         return d
 
     class GuardFree(TorchFunctionMode):
@@ -92,7 +96,9 @@ def _guard_mode(mode):
             if func is torch.Tensor.cuda:
                 return args[0].to(CUDA, **{k: v for k, v in kwargs.items() if k == "non_blocking"})
             if func is not torch.device:
-                args, kwargs = [indexed(a) for a in args], {k: indexed(v) for k, v in kwargs.items()}
+                to = func is torch.Tensor.to
+                args = [indexed(a, device_arg=to and i == 1) for i, a in enumerate(args)]
+                kwargs = {k: indexed(v, device_arg=k == "device") for k, v in kwargs.items()}
             try:
                 return func(*args, **kwargs)
             except RuntimeError as e:

@@ -44,3 +44,5 @@ def test_cuda_without_an_index_is_the_current_device():
         assert x.to("cuda").device == CUDA and x.cuda().device == CUDA
         assert torch.zeros(2, device="cuda").device == CUDA
         assert x.to("cuda", non_blocking=True).device == CUDA
+        assert torch.zeros(2, device=torch.cuda.current_device()).device == CUDA  # a bare index
+        assert x.to(0).device == CUDA and x.to(torch.float64).dtype == torch.float64
