@@ -13,6 +13,9 @@ mean over all the step's micro-batches and data-parallel ranks; Megatron's sched
 the number of micro-batches as DeepSpeed divides by its accumulation steps). Gradients go
 through Megatron's DDP and distributed optimizer (Adam with decoupled weight decay, gradient
 clipping).
+
+OpenRLHF hands its experiences over on the CPU; `_run`, the one way into the model, moves each
+micro-batch once onto the device of the weights (`MicroBatch.to`), where DDP put them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ class MicroBatch:
     advantages: torch.Tensor | None = None  # (b, a)
     base_log_probs: torch.Tensor | None = None  # (b, a), the reference model's (KL loss)
     rollout_log_probs: torch.Tensor | None = None  # (b, a), vLLM's (importance-sampling correction)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> MicroBatch:
+        """The same batch with every tensor on `device` (`Tensor.to`: a tensor already there is
+        kept, not copied). From pageable host memory a `non_blocking` copy is a synchronous one; from
+        pinned memory it overlaps, and the stream orders it before the kernels that read it."""
+        moved = {}
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if t is not None:
+                moved[f.name] = t.to(device, non_blocking=non_blocking)
+        return dataclasses.replace(self, **moved)
 
     def left_padded(self, length: int, pad_id: int) -> MicroBatch:
         """The same batch left-padded to `length` (pipeline stages exchange one tensor shape)."""
@@ -115,11 +129,21 @@ class MegatronActor:
             [self.model])
         self.policy_loss = PolicyLoss(settings.clip_eps_low, settings.clip_eps_high, **settings.loss_kwargs)
 
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's weights are: Megatron's DDP put them in buffers on
+        `torch.cuda.current_device()` (the CPU under `compat.megatron_cpu`)."""
+        return next(self.model.parameters()).device
+
     def _run(self, batches: list[MicroBatch], loss_of, forward_only: bool) -> list[dict]:
+        """Megatron's schedule over `batches`, each moved here, once, onto the weights' device
+        (OpenRLHF hands over its experiences on the CPU): every tensor the forward and the loss
+        read, and every tensor they make from those, is on that device."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        device = self.device
         length = max(mb.sequences.shape[1] for mb in batches)
-        padded = [mb.left_padded(length, self.settings.pad_id) for mb in batches]
+        padded = [mb.to(device, non_blocking=True).left_padded(length, self.settings.pad_id) for mb in batches]
         sizes = {mb.sequences.shape[0] for mb in padded}
         if len(sizes) != 1:
             raise ValueError(f"the Megatron backend needs micro-batches of one size, got {sorted(sizes)}")
@@ -165,17 +189,24 @@ class MegatronActor:
             loss = loss + kl_loss * self.settings.kl_coef
         return loss, stats
 
+    def _step_norm(self, batches: list[MicroBatch]) -> dict:
+        """OpenRLHF's loss normalisers for one optimizer step over `batches`, summed over the
+        data-parallel ranks (a collective). OpenRLHF moves the masks to
+        `torch.cuda.current_device()` where CUDA is present: the device DDP put the weights on."""
+        from megatron.core import parallel_state as ps
+        from openrlhf.utils.loss_utils import _optimizer_step_loss_norm
+
+        return _optimizer_step_loss_norm([mb.action_mask for mb in batches], ps.get_data_parallel_group(),
+                                         ps.get_data_parallel_world_size(), len(batches))
+
     def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (gradients accumulated): the mean of
         the micro-batches' statistics (for the losses, the step's token mean: each micro-batch's
         loss is its share times their number) on the last pipeline stage ({} on the others),
         and the gradient norm."""
         from megatron.core import parallel_state as ps
-        from openrlhf.utils.loss_utils import _optimizer_step_loss_norm
 
-        dp_group = ps.get_data_parallel_group()
-        norm = _optimizer_step_loss_norm([mb.action_mask for mb in batches], dp_group,
-                                         ps.get_data_parallel_world_size(), len(batches))
+        norm = self._step_norm(batches)
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()

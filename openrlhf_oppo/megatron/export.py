@@ -85,13 +85,14 @@ def hf_weights(module, shape: mmodel.Shape) -> Iterator[tuple[str, torch.Tensor]
     else:
         pp_ranks = [dist.get_rank()]
     dtype = next(iter(own.values())).dtype
+    device = next(iter(own.values())).device  # NCCL sends and receives CUDA tensors only
     per_stage = shape.layers // pp
 
     def from_stage(owner: int, shapes: dict[str, tuple[int, ...]], build: Callable[[], dict[str, torch.Tensor]]):
         if owner == stage:
             tensors = build()
-        else:  # filled by the owner's broadcast
-            tensors = {n: torch.empty(s, dtype=dtype) for n, s in shapes.items()}
+        else:  # filled by the owner's broadcast, on the device the owner's tensors are on
+            tensors = {n: torch.empty(s, dtype=dtype, device=device) for n, s in shapes.items()}
         for name in shapes:
             t = tensors[name].contiguous()
             if pp > 1:
@@ -114,14 +115,19 @@ def hf_weights(module, shape: mmodel.Shape) -> Iterator[tuple[str, torch.Tensor]
 
 def save_hf(module, shape: mmodel.Shape, hf_config, out_dir: str) -> None:
     """The model as a Hugging Face checkpoint (safetensors and config), written by global rank 0;
-    a collective like `hf_weights`."""
+    a collective like `hf_weights`. Rank 0 copies each weight to the CPU, where it builds the
+    Hugging Face model; the other ranks keep none (a whole model on each GPU would not fit)."""
     import torch.distributed as dist
 
-    state = {name: t.clone() for name, t in hf_weights(module, shape)}
-    if dist.get_rank() == 0:
+    rank0 = dist.get_rank() == 0
+    state = {}
+    for name, t in hf_weights(module, shape):  # every rank iterates: each weight is a collective
+        if rank0:
+            state[name] = t.to("cpu", copy=True)
+    if rank0:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=next(iter(state.values())).dtype)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=next(iter(state.values())).dtype)
         model.load_state_dict(state, strict=True)
         model.save_pretrained(out_dir)
     dist.barrier()

@@ -4,11 +4,7 @@ gradient clipping, AdamW), from the same weights and batch: action log-probs bef
 the loss, the gradient norm, the log-probs after the step, and the weights after it gathered
 back under Hugging Face names (what the weight sync into vLLM and the export send).
 
-The batch exercises what a PPO batch holds: left-padded prompts, a response padded on the right
-(action mask 0), two micro-batches of different lengths (gradient accumulation; the pipeline
-left-pads them to one length), old and reference log-probs off the current ones, advantages of
-both signs. The model: grouped-query attention (4 heads, 2 key/value heads) with Qwen2's q/k/v
-bias, untied embeddings, fp32.
+The model and batch: `conftest.make_case` (a tiny Qwen2, a PPO batch of two micro-batches).
 """
 
 from __future__ import annotations
@@ -17,8 +13,6 @@ import socket
 
 import pytest
 import torch
-
-from openrlhf_oppo.megatron.engine import MicroBatch, Settings
 
 TOL_LOGPROBS = 1e-5  # fp32, a 2-layer model: the two backends sum in different orders
 TOL_AFTER = 1e-5  # after one Adam step of lr 1e-2 (which moves the log-probs by ~0.5)
@@ -33,47 +27,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_case():
-    from openrlhf_oppo import compat
-
-    compat.apply()
-    from openrlhf.models import Actor
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from openrlhf_oppo.megatron import equivalence
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=False)
-    hf = Qwen2ForCausalLM(cfg).float()
-    state = {k: v.clone() for k, v in hf.state_dict().items()}
-    actor = Actor(hf)
-    actor.packing_samples = False
-    batches = []
-    for length, actions in ((12, 5), (9, 4)):
-        seq = torch.randint(1, 64, (2, length))
-        mask = torch.ones(2, length, dtype=torch.long)
-        mask[0, :2], seq[0, :2] = 0, 0  # a left-padded prompt
-        mask[1, -1], seq[1, -1] = 0, 0  # a response that ended early
-        action_mask = torch.ones(2, actions, dtype=torch.bool)
-        action_mask[1, -1] = False
-        mb = MicroBatch(seq, mask, action_mask)
-        with torch.no_grad():
-            lp = actor(seq, action_mask, attention_mask=mask)
-        mb.old_log_probs = (lp + 0.1 * torch.randn_like(lp)) * action_mask
-        mb.base_log_probs = (lp + 0.1 * torch.randn_like(lp)) * action_mask
-        mb.advantages = torch.randn_like(lp) * action_mask
-        batches.append(mb)
-    return equivalence.Case(cfg, state, batches, Settings(lr=1e-2, kl_coef=0.01))
-
-
 @pytest.fixture(scope="module")
-def case_and_reference():
+def case_and_reference(megatron_case):
     from openrlhf_oppo.megatron import equivalence
 
-    case = make_case()
-    return case, equivalence.reference_step(case)
+    return megatron_case, equivalence.reference_step(megatron_case)
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
