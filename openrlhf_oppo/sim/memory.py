@@ -47,6 +47,7 @@ from openrlhf_oppo.footprint import (  # one formula each, shared with the launc
     STREAM_MAX_BATCH_TOKENS,
     WEIGHT_BYTES_PER_PARAM,
     largest_param,
+    training_activation_bytes,
     zero3_bytes,
 )
 from openrlhf_oppo.sim.presets import ModelShape, SimConfig
@@ -74,17 +75,12 @@ class DeviceUse:
 
 
 def _activations(cfg: SimConfig, m: ModelShape) -> float:
-    """One micro-batch of full-length samples: with `workload.gradient_checkpointing` a layer input
-    per layer and one layer's working set, without it every layer's working set; fp32 logits and
-    their gradient either way."""
+    """One micro-batch of full-length samples (`footprint.training_activation_bytes`), with or
+    without `workload.gradient_checkpointing`."""
     ln = cfg.lengths
     tokens = cfg.workload.micro_batch_size * (ln.prompt_tokens + ln.cap_tokens)
-    layer = 2 * tokens * (10 * m.hidden + 4 * m.intermediate)
-    if cfg.workload.gradient_checkpointing:
-        kept = 2 * m.layers * tokens * m.hidden + layer
-    else:
-        kept = m.layers * layer
-    return kept + 8 * tokens * m.vocab
+    return training_activation_bytes(tokens, m.layers, m.hidden, m.intermediate, m.vocab,
+                                     cfg.workload.gradient_checkpointing)
 
 
 def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = False,
