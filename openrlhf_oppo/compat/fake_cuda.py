@@ -84,7 +84,9 @@ def _guard_mode(mode):
     def indexed(d, device_arg: bool = False):
         """"cuda" / torch.device("cuda") name the current device, cuda:0; so does a bare index
         where a device is expected (`device=torch.cuda.current_device()`, `.to(0)`)."""
-        if (d == "cuda") or (isinstance(d, torch.device) and d.type == "cuda" and d.index is None):
+        if isinstance(d, str) and d == "cuda":
+            return CUDA
+        if isinstance(d, torch.device) and d.type == "cuda" and d.index is None:
             return CUDA
         if device_arg and isinstance(d, int) and not isinstance(d, bool):
             return torch.device("cuda", d)

@@ -23,7 +23,6 @@ device-mismatch error. What runs:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from types import SimpleNamespace
 
@@ -34,36 +33,6 @@ from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 from openrlhf_oppo.compat.fake_cuda import CUDA, fake_cuda, is_fake_cuda
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a fake device for a CPU host (test_gpu.py: a GPU)")
-
-
-def _bare_index_mode():
-    """Reads a bare device index as that CUDA device, as torch does: megatron-core and OpenRLHF
-    pass `device=torch.cuda.current_device()` (an int), which `fake_cuda` answers with 0 but
-    does not map to its fake device as it maps "cuda"."""
-    from torch.overrides import TorchFunctionMode
-
-    def cuda_if_index(d):
-        if isinstance(d, int) and not isinstance(d, bool):
-            return torch.device("cuda", d)
-        return d
-
-    class BareIndex(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = dict(kwargs or {})
-            if "device" in kwargs:
-                kwargs["device"] = cuda_if_index(kwargs["device"])
-            if func is torch.Tensor.to and len(args) > 1:
-                args = (args[0], cuda_if_index(args[1]), *args[2:])
-            return func(*args, **kwargs)
-
-    return BareIndex()
-
-
-@contextlib.contextmanager
-def on_fake_gpu(*modules):
-    """`fake_cuda(*modules)` with bare device indices read as CUDA devices."""
-    with fake_cuda(*modules) as mode, _bare_index_mode():
-        yield mode
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +56,7 @@ def megatron_rank(tmp_path_factory):
 
 @pytest.fixture
 def make_actor(megatron_rank, megatron_case):
-    """A fresh actor with the case's settings or `settings`, built as on a CPU host (`on_fake_gpu`
+    """A fresh actor with the case's settings or `settings`, built as on a CPU host (`fake_cuda`
     makes its weights fake for good)."""
     from openrlhf_oppo.compat.megatron_cpu import on_cpu
     from openrlhf_oppo.megatron.engine import MegatronActor
@@ -117,7 +86,7 @@ def test_old_log_probs_run_on_the_weights_device_and_come_back_on_the_cpu(actor,
     runtime.actor = actor
     mb = megatron_case.batches[0]
     assert mb.sequences.device.type == "cpu"
-    with on_fake_gpu(actor.model):
+    with fake_cuda(actor.model):
         assert actor.device == CUDA
         out = runtime.forward(mb.sequences, mb.action_mask.long(), mb.attention_mask)
     assert out.device.type == "cpu" and out.dtype == torch.float32
@@ -146,7 +115,7 @@ def test_the_training_steps_forward_and_loss_run_on_the_weights_device(make_acto
     # the KL loss (the case's kl_coef) and the importance-sampling correction read their tensors too
     actor = make_actor(dataclasses.replace(megatron_case.settings, loss_kwargs=dict(
         is_correction_level="token", is_correction_mode="clip", is_correction_threshold=[0.5, 1.05])))
-    with on_fake_gpu(actor.model):
+    with fake_cuda(actor.model):
         norm = actor._step_norm(batches)
         assert len(reduced) == 2  # the step's tokens and samples
         stats = actor._run(batches, lambda logits, mb: actor._loss(logits, mb, norm), forward_only=True)
@@ -162,7 +131,7 @@ def test_the_training_steps_forward_and_loss_run_on_the_weights_device(make_acto
 def test_the_export_at_tp1_yields_every_weight_on_the_weights_device(actor, megatron_case):
     from openrlhf_oppo.megatron import export
 
-    with on_fake_gpu(actor.model):
+    with fake_cuda(actor.model):
         named = dict(export.hf_weights(actor.model.module, actor.shape))
     assert len(named) == export.weight_count(actor.shape)
     hf_shapes = {k: tuple(v.shape) for k, v in megatron_case.hf_state.items()}
@@ -187,7 +156,7 @@ def test_save_hf_hands_the_hugging_face_model_cpu_tensors(actor, monkeypatch, tm
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", lambda config, dtype: Recorder())
     monkeypatch.setattr(torch.distributed, "barrier", lambda: None)  # one rank; no collective runs on fake tensors
-    with on_fake_gpu(actor.model):
+    with fake_cuda(actor.model):
         export.save_hf(actor.model.module, actor.shape, None, str(tmp_path))
     assert len(loaded) == export.weight_count(actor.shape)
     off = {name: t.device for name, t in loaded.items() if t.device.type != "cpu"}
@@ -212,7 +181,7 @@ def test_a_cpu_tensor_in_the_forward_fails_the_check(actor, megatron_case, monke
         monkeypatch.setattr(engine.MicroBatch, "to", lambda self, device, non_blocking=False: self)
     else:
         monkeypatch.setattr(engine, "_inputs", _cpu_mask(engine._inputs))
-    with on_fake_gpu(actor.model), pytest.raises(FakeTensorDeviceMismatchError):
+    with fake_cuda(actor.model), pytest.raises(FakeTensorDeviceMismatchError):
         actor.log_probs(megatron_case.batches)
 
 
@@ -263,7 +232,7 @@ def test_the_export_at_tp2_pp2_hands_collectives_only_tensors_on_the_weights_dev
     _fake_layout(monkeypatch, tp=2, pp=2, stage=stage)
     shards = {k: (v.shape, v.dtype) for k, v in model.megatron_state(megatron_case.hf_state, shape).items()}
     collectives = _Collectives(monkeypatch)
-    with on_fake_gpu():
+    with fake_cuda():
         own = {k: torch.empty(s, dtype=dtype, device="cuda") for k, (s, dtype) in shards.items()}
         module = SimpleNamespace(state_dict=lambda: own)
         named = dict(export.hf_weights(module, shape))
@@ -281,7 +250,7 @@ def test_log_probs_from_the_last_stage_travel_on_the_device_and_come_back_on_the
 
     _fake_layout(monkeypatch, tp=1, pp=2, stage=0)
     collectives = _Collectives(monkeypatch)
-    with on_fake_gpu():
+    with fake_cuda():
         out = megatron_actor._from_last_stage(None, (2, 5))
     assert [kind for kind, _ in collectives.sent] == ["broadcast"] and is_fake_cuda(collectives.sent[0][1])
     assert out.device.type == "cpu" and out.shape == (2, 5)

@@ -17,9 +17,6 @@ What cannot run under fake tensors, and how each path stands without it:
 - values: `.item()` / `.tolist()` read data that fake tensors do not hold; `_reads_ones` answers
   them with ones (the checks are about devices, not numbers: the CPU tests of each module check
   the numbers);
-- `device=torch.cuda.current_device()` (an int, as OpenRLHF passes it to factories and `.to`):
-  `fake_cuda` reads only "cuda" and `torch.device("cuda")` as `cuda:0`; `_reads_ones` reads an
-  int device as that CUDA device, as torch does;
 - pinned memory: fake tensors have no `aten._pin_memory`, so the training check runs with
   OpenRLHF's `pin_memory` off; the pinning of bucketed micro-batches is
   `test_micro_batches.py::test_on_a_gpu_bucketed_micro_batches_are_pinned_as_openrlhfs_loader_pins_them`
@@ -90,18 +87,14 @@ def _nested(shape: tuple[int, ...], value):
 
 
 class _ReadsOnes(TorchFunctionMode):
-    """Inside `fake_cuda`: a fake tensor's `.item()` / `.tolist()` read as ones of its shape, and an
-    int device as that CUDA device (see the module doc)."""
+    """Inside `fake_cuda`: a fake tensor's `.item()` / `.tolist()` read as ones of its shape (see the
+    module doc)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in (torch.Tensor.item, torch.Tensor.tolist) and isinstance(args[0], FakeTensor):
             one = 1.0 if args[0].is_floating_point() else 1
             return one if func is torch.Tensor.item else _nested(tuple(args[0].shape), one)
-        if isinstance(kwargs.get("device"), int):
-            kwargs["device"] = torch.device("cuda", kwargs["device"])
-        if func is torch.Tensor.to and len(args) > 1 and type(args[1]) is int:
-            args = (args[0], torch.device("cuda", args[1]), *args[2:])
         return func(*args, **kwargs)
 
 
