@@ -14,7 +14,11 @@ What a CPU-only torch build cannot fake, and how a check stands without it:
   `torch.no_grad()`: a training step is checked up to its loss, not through `backward`;
 - a CUDA device without an index (`"cuda"`, `.cuda()`) is read as `cuda:0`;
 - values do not exist: `.item()`, `.tolist()` and printing fail, as does a collective (gloo
-  cannot send a meta tensor).
+  cannot send a meta tensor);
+- CUDA streams and events (`torch.cuda.Stream`, `current_stream`, `record_stream`) are not
+  faked, and the modes are this thread's: code run on another thread sees real tensors;
+- a library that picks its accelerator when first imported (DeepSpeed) must be imported before
+  the context, or it takes the fake device for a GPU.
 
 `torch.cuda.is_available()` answers True inside, so code that picks its device by asking it
 takes its GPU branch; `current_device`, `device_count`, `synchronize` and `empty_cache` answer
