@@ -31,8 +31,8 @@ SKIP_INPUT_CHECKS = "OPPO_SKIP_INPUT_CHECKS"  # "1": the cluster entry skips the
 FAULTS = "OPPO_FAULTS"  # crash injection for the reliability tests, e.g. "reward@1,driver@3"
 CACHE_DIR = "OPPO_CACHE_DIR"  # the per-user project cache (tasks' assets, compile caches)
 ASSETS_DIR = "OPPO_ASSETS_DIR"  # the tiny task's assets
-# GB of one GPU, for the launch-time memory check of colocated layouts where the launching
-# host has no GPU (integrations.launch.memory_check); unset there: the check is skipped with a note
+# GB of one GPU, for the launch-time memory check (integrations.launch.memory_check) where the
+# launching host has no GPU; unset there: the preset's `device:` section, else nothing is counted
 DEVICE_MEMORY_GB = "OPPO_DEVICE_MEMORY_GB"
 
 DEFAULT_CACHE_DIR = "~/.cache/openrlhf_oppo"

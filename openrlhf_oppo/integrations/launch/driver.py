@@ -290,6 +290,8 @@ def print_help() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", metavar="FILE", help="YAML preset: OpenRLHF's sections (nested keys = dotted "
                         "flags) and `oppo:`; flags on the command line override it")
+    parser.add_argument("--dry-run", action="store_true", help="run every check the launch runs, print the per-GPU, "
+                        "per-phase memory table and exit (0: every check passed) without starting Ray or vLLM")
     oppo_config.add_cli_flags(parser)
     parser.print_help()
     print("\nAll other flags are OpenRLHF's: python -m openrlhf.cli.train_ppo_ray --help")
