@@ -177,11 +177,11 @@ gpu_pytest megatron 75 tests/megatron
 gpu_pytest models 75 tests/models
 gpu_pytest zero3 75 tests/compat tests/integrations/launch
 gpu_pytest runtime 75 tests/integrations/runtime
-bench bench-reward-1k 40 --scorer reward --num-seqs 64 --min-len 512 --max-len 1536 --prompt-len 128 256 \
+bench bench-reward-1k 55 --scorer reward --num-seqs 64 --min-len 512 --max-len 1536 --prompt-len 128 256 \
   --chunk-sizes 64,256,1024
-bench bench-reference-1k 40 --scorer reference --num-seqs 64 --min-len 512 --max-len 1536 --prompt-len 128 256 \
+bench bench-reference-1k 50 --scorer reference --num-seqs 64 --min-len 512 --max-len 1536 --prompt-len 128 256 \
   --chunk-sizes 64,256
-bench bench-reward-16k 50 --scorer reward --num-seqs 8 --min-len 8192 --max-len 16384 --prompt-len 256 512 \
+bench bench-reward-16k 55 --scorer reward --num-seqs 8 --min-len 8192 --max-len 16384 --prompt-len 256 512 \
   --chunk-sizes 1024,4096
 
 printf '%s\n' "gpu_checks: $((SECONDS - START)) s in all (TOTAL_S $TOTAL_S)" "${SUMMARY[@]}" | tee "$OUT/summary.txt"
