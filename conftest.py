@@ -20,9 +20,12 @@ _PREVIOUS_SIGTERM = pytest.StashKey[object]()  # the handler before this session
 
 
 def pytest_configure(config):
-    from openrlhf_oppo.compat import caches
+    from openrlhf_oppo.compat import caches, flash_attn_standin
 
     caches.use_project_cache()
+    # OpenRLHF's models import flash-attn at module top; where it is not installed (a CPU host, a
+    # GPU host carrying only pure-Python wheels: scripts/gpu_checks.sh) the tests import its stand-in
+    flash_attn_standin.install()
     config.stash[_PREVIOUS_SIGTERM] = signal.signal(signal.SIGTERM, _end_session)
 
 

@@ -10,8 +10,8 @@
 #                    rewards against OpenRLHF's reward model at 4K tokens
 #   zero3            pytest -m gpu tests/compat tests/integrations/launch: a ZeRO-3 step of real-size
 #                    layers, its peak memory against the memory check's count
-#   runtime          pytest -m gpu tests/integrations/runtime: the rest of the gpu tier (the tests
-#                    that start vLLM or Ray fail at import where those are not installed)
+#   runtime          pytest -m gpu tests/integrations/runtime: the rest of the gpu tier (the test
+#                    files that import Ray skip where it is not installed)
 #   bench-reward-1k, bench-reference-1k, bench-reward-16k
 #                    `bench scorer` at Qwen2.5-7B's shape (bf16, random weights built in code):
 #                    streamed vs one-shot prefill at 1K-token sequences, the reward scorer at 8-16K

@@ -13,10 +13,12 @@
 #     (torch present, no isolated env without a registry), setup.py hands torch's BuildExtension
 #     to the local setuptools, which some setuptools releases refuse ("unexpected keyword
 #     argument 'use_ninja'");
-#   - what those import that the GPU machine lacks (pydantic for DeepSpeed's config, hjson,
-#     pylatexenc for `openrlhf.utils`), at the versions this project's CPU install runs.
+#   - what those import that the GPU machine lacks (pydantic, hjson, msgpack, py-cpuinfo and psutil
+#     for DeepSpeed; peft and accelerate, which `openrlhf.models` imports; pylatexenc for
+#     `openrlhf.utils`; einops for the flash-attn stand-in), at the versions this project's CPU
+#     install runs (each is installed there only where the GPU machine lacks it).
 # No Ray or vLLM: their wheels alone pass the 64 MiB a device call carries; the tests that need
-# them fail at import there.
+# them skip there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${GPU_WHEELS:-.gpu_wheels}
@@ -26,7 +28,7 @@ PYTHON=${PYTHON:-python}
 PINNED=(openrlhf==0.11.2 megatron-core==0.16.1)
 DEEPSPEED=deepspeed==0.19.6
 IMPORTED=(hjson==3.1.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2
-  pylatexenc==2.11)
+  pylatexenc==2.11 peft==0.22.0 accelerate==1.16.0 msgpack==1.2.4 py-cpuinfo==9.0.0 psutil==7.2.2 einops==0.8.2)
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64
   manylinux2014_x86_64 manylinux1_x86_64)
 

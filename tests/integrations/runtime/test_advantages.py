@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
+pytest.importorskip("ray", reason="OpenRLHF's trainer imports Ray (scripts/gpu_checks.sh carries none)")
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
