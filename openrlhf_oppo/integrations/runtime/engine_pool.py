@@ -205,14 +205,15 @@ class EnginePool:
         with timeline.RECORDER.timed("driver", "sleep"):
             self._get([e.sleep.remote() for e in self.engines], "the engines' sleep")
 
-    def wake(self, tags: list[str] | None = None, phase: str = "the step's generation") -> None:
+    def wake(self, tags: list[str] | None = None, phase: str = "the step's generation", span: bool = True) -> None:
         """OpenRLHF's `RolloutRayActor.wake_up`: weights and KV cache back on the device (`tags`, e.g.
         ["weights"]: those only), before `phase` (named in the error). A wake that fails (vLLM cannot map
         its memory: nothing in vLLM retries it) is tried once more after the models sharing the engines'
         GPUs empty their CUDA caches (vLLM's wake empties the engine's own first, and maps only what is
         still asleep); a second failure ends the run naming the phase, the engines' free memory and
-        --vllm.gpu_memory_utilization. A stalled or dead engine is not retried."""
-        with timeline.RECORDER.timed("driver", "wake"):
+        --vllm.gpu_memory_utilization. A stalled or dead engine is not retried. `span`: the wake is
+        the timeline's driver span "wake" (False: a part of the caller's span, as in the weight sync)."""
+        with timeline.RECORDER.timed("driver", "wake") if span else contextlib.nullcontext():
             try:
                 self._wake_up(tags, phase)
             except (Stalled, ray.exceptions.RayActorError):

@@ -192,7 +192,7 @@ class OppoPPOTrainerImpl(_BASE):
         actor rank runs `broadcast_to_vllm`; their replies, within --oppo.timeouts.weight_sync_s."""
         engines = self.samples_generator.engines
         if self.args.vllm.enable_sleep:
-            engines.wake(["weights"], phase="the weight sync")
+            engines.wake(["weights"], phase="the weight sync", span=False)  # within the driver's weight_sync span
         refs = self.actor_model_group.async_run_method(method_name="broadcast_to_vllm")
         return engines.wait_weight_sync(refs, "the actor group's weight sync (broadcast_to_vllm: gather and send)")
 
