@@ -9,9 +9,16 @@ its weight sync). Two tables:
 
     replay   one simulated run per measured run, replaying that run's own response lengths in
              prompt order (`lengths.kind: replay`): the cost and control-flow model alone. Its
-             verdict is the command's (exit status 1 on a MISS or another order).
+             verdict is the command's (exit status 1 on a MISS or another order). IN-SAMPLE when
+             the preset was calibrated on these runs (the shipped CPU preset was: see
+             `heldout.FITTED`), and printed so.
     preset   `--seeds` runs drawing lengths from the preset's distribution: what the simulator
              predicts for the workload (a measured run is one draw of its steps' stragglers).
+             In-sample as the replay.
+
+With `--leave-one-out`, a third table is held out: each schedule replayed with a preset calibrated
+on the other schedules' runs only. The simulator's held-out verdict on published GPU runs is
+`python -m oppo_lab published --heldout`.
 
 A schedule is within when simulated / measured (medians) is within 1 ± `--tolerance`. The order
 holds when every pair of schedules the measurement orders (one's slowest repeat faster than the
@@ -99,9 +106,10 @@ def verdict(row: Row, tolerance: float) -> str:
     return f"MISS: too {'slow' if row.ratio > 1 else 'fast'}"
 
 
-def print_validation(v: Validation, title: str, simulated_label: str) -> None:
+def print_validation(v: Validation, title: str, simulated_label: str, sample: str = "in-sample") -> None:
+    """The table; `sample` ('in-sample' or 'held out') labels the title and the verdict line."""
     pct = round(100 * v.tolerance)
-    print(title)
+    print(f"{sample.upper()}: {title}")
     head = ["schedule", "measured mean step s", f"simulated ({simulated_label})", "sim/measured",
             f"verdict (±{pct}%)"]
     widths = [name_width(r.schedule for r in v.rows), 22, 27, 12, 18]
@@ -117,7 +125,7 @@ def print_validation(v: Validation, title: str, simulated_label: str) -> None:
           + ("reproduced" if v.order_reproduced else
              "NOT reproduced: " + ", ".join(f"{a} measured faster than {b}" for a, b in v.swapped)))
     within = sum(r.within for r in v.rows)
-    print(f"verdict: {'PASS' if v.passed else 'FAIL'} ({within}/{len(v.rows)} within ±{pct}%, "
+    print(f"{sample} verdict: {'PASS' if v.passed else 'FAIL'} ({within}/{len(v.rows)} within ±{pct}%, "
           f"order {'same' if v.order_reproduced else 'different'})")
 
 
@@ -158,6 +166,19 @@ def measure(runs: list[Path], warmup_steps: int) -> dict[Path, dict]:
             raise ValueError(f"{run}: no step events after warm-up in tensorboard/ (a failed run?)")
         out[run] = summary
     return out
+
+
+def calibrated_on(preset: str, runs: list[Path]) -> bool:
+    """Whether `python -m oppo_lab calibrate` wrote the preset from any of these runs (its header
+    names each run directory it read): then its tables on them are in-sample."""
+    path = Path(preset) if Path(preset).exists() else lab_sim.PRESET_DIR / f"{preset}.yaml"
+    if not path.exists():
+        path = presets.PRESET_DIR / f"{preset}.yaml"
+    header = path.read_text().splitlines()[0] if path.exists() else ""
+    if not header.startswith("# Calibrated by"):
+        return False
+    named = {Path(w.strip("`")).parts[-2:] for w in header.split() if "/" in w}
+    return any(run.parts[-2:] in named for run in runs)
 
 
 # ------------------------------------------------------------------------- simulated
@@ -257,11 +278,14 @@ def main(argv: list[str]) -> int:
             if args.leave_one_out else None
     drawn = sampled(runs, args.preset, sets, args.seeds)
     prediction = compare(measured, drawn, args.tolerance)
-    print_validation(replay, f"replay: each measured run's own response lengths (preset {args.preset}; "
-                             "simulated: median [min-max] over the replayed runs)", "replay")
+    in_sample = calibrated_on(args.preset, args.runs)
+    sample = "in-sample" if in_sample else "not fitted on these runs"
+    fitted_on = "calibrated on these runs" if in_sample else "its calibration header names none of them"
+    print_validation(replay, f"replay: each measured run's own response lengths (preset {args.preset}, {fitted_on}; "
+                             "simulated: median [min-max] over the replayed runs)", "replay", sample)
     print()
     print_validation(prediction, f"prediction: lengths drawn from the preset's distribution "
-                                 f"({len(next(iter(drawn.values())))} seeds a schedule)", "preset lengths")
+                                 f"({len(next(iter(drawn.values())))} seeds a schedule)", "preset lengths", sample)
     if held_out is not None:
         print()
         print_validation(compare(measured, held_out[0], args.tolerance),
@@ -269,5 +293,10 @@ def main(argv: list[str]) -> int:
                          "(decode / train / scoring slowdowns fitted without it; scoring 0: not seen, the engine "
                          "stops for a prefill: " + ", ".join(
                              f"{s} {k['decode_slowdown_shared']:.2f}/{k['train_slowdown_shared']:.2f}/"
-                             f"{k['decode_slowdown_scoring']:.2f}" for s, k in held_out[1].items()) + ")", "held out")
+                             f"{k['decode_slowdown_scoring']:.2f}" for s, k in held_out[1].items()) + ")", "held out",
+                         "held out")
+    else:
+        print()
+        print(f"held out: none here (the tables above are {sample}); --leave-one-out adds a table held out by "
+              "schedule, and `python -m oppo_lab published --heldout` the held-out published runs")
     return 0 if replay.passed else 1
