@@ -41,17 +41,19 @@ from openrlhf_oppo.integrations.launch.schedules import is_oppo
 from openrlhf_oppo.sim import memory
 from openrlhf_oppo.sim.presets import SimConfig, Split, schedule_oppo, vllm_tp_fits
 
-ASYNC_BASELINES = ("async", "partial", "oversample")
+ASYNC_BASELINES = ("async", "partial", "oversample", "oversample-3b", "oversample-4b", "async+bg")
 
 
 def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool = True,
-         ref_actors: bool = False, async_admission: bool = False, ahead: bool = False) -> str | None:
+         ref_actors: bool = False, async_admission: bool = False, ahead: bool = False,
+         reward_model: bool = True) -> str | None:
     """Why `schedule`'s framework cannot run `split`; None when it can. `streams_reward`: OPPO
     streams chunks into the reward model (its reward group is made of streaming reward actors);
     `critic`: the run has a critic; `ref_actors`: OPPO streams the reference into streaming
     reference actors; `async_admission`: OPPO admits the next step's groups while the trainer
     trains (`admits_async`); `ahead`: OPPO forwards committed groups while the engines generate
-    (`projections.experience_ahead`)."""
+    (`projections.experience_ahead`); `reward_model`: a reward model scores the samples (false:
+    a rule reward, no reward model to place)."""
     async_mode = schedule in ASYNC_BASELINES
     if split.reference_gpus and not ref_actors:
         return ("devices for streaming reference actors (split.reference_gpus) serve only OPPO streaming the "
@@ -71,10 +73,11 @@ def rule(schedule: str, split: Split, streams_reward: bool = False, critic: bool
     if streams_reward and split.reward_with_train:
         return ("streaming reward actors beside the DeepSpeed models (--train.colocate_critic_reward) are not "
                 "modelled: give them devices of their own or the engines'")
-    if not streams_reward and split.colocate and not split.score_gpus and not split.reward_with_train:
+    reward_on_train = reward_model and split.reward_with_train  # a rule reward has no model to place
+    if reward_model and not streams_reward and split.colocate and not split.score_gpus and not reward_on_train:
         return "--train.colocate_all puts OpenRLHF's reward model among the DeepSpeed models (split.reward_with_train)"
     pooled = not split.colocate and not split.critic_gpus  # the DeepSpeed models share devices apart from vLLM
-    if pooled and (critic or split.reward_with_train) and not ((async_mode or async_admission)
+    if pooled and (critic or reward_on_train) and not ((async_mode or async_admission)
                                                                and split.reward_with_train):
         return ("apart from vLLM, OpenRLHF puts the critic and reward model beside the actor only under "
                 "--train.colocate_all with --train.async_enable (split.reward_with_train; OPPO with async admission "
@@ -127,7 +130,7 @@ def check(cfg: SimConfig, schedule: str) -> tuple[SimConfig, list[str]]:
     ref = streams_reference_actors(cfg, schedule)
     # a measured preset is one shared host (cpu-longtail): where the critic sits changes no device
     reason = rule(schedule, cfg.split, streams, cfg.workload.critic and cfg.hardware is not None, ref,
-                  admits_async(cfg, schedule), forwards_ahead(cfg, schedule))
+                  admits_async(cfg, schedule), forwards_ahead(cfg, schedule), cfg.workload.reward_model)
     reasons = [reason] if reason else []
     if cfg.hardware is not None and cfg.actor is not None:
         buffer = syncs_in_background(cfg, schedule)
@@ -236,7 +239,7 @@ def search_space(cfg: SimConfig, schedules: tuple[str, ...]) -> Searched:
         base = dataclasses.replace(cfg, split=split)
         allowed = [s for s in schedules
                    if rule(s, split, kinds[s][0], cfg.workload.critic, kinds[s][1], lagged[s],
-                           forwards_ahead(cfg, s)) is None]
+                           forwards_ahead(cfg, s), cfg.workload.reward_model) is None]
         for kind in sorted({kinds[s] for s in allowed}):
             trial = memory.fit_engines(base, kind[1], kind[2])
             over = memory.overflow(trial, *kind)

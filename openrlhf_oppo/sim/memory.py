@@ -113,7 +113,7 @@ def training_items(cfg: SimConfig, group: str = "actor", ref_actors: bool = Fals
             items.append(("reference", zero3_bytes(actor.params, False, n)))
     if w.critic and (group == "critic") == apart:
         items.append(("critic ZeRO-3 states", zero3_bytes(critic.params, True, n)))
-    if s.reward_with_train and (group == "critic") == apart:
+    if s.reward_with_train and w.reward_model and (group == "critic") == apart:
         items.append(("reward model", zero3_bytes(reward.params, False, n)))
     items.append(("ZeRO-3 live parameters", 2 * LIVE_PARAMETERS))
     # the activations of the larger model these devices train
@@ -166,15 +166,18 @@ def reference_actor_items(cfg: SimConfig) -> list[tuple[str, float]]:
             ("its KV budget", reference_kv_budget_tokens(cfg) * kv)]
 
 
-def _scorers_on_engines(s) -> bool:
-    return s.score_gpus == 0 and not s.reward_with_train
+def _scorers_on_engines(cfg: SimConfig) -> bool:
+    """A streaming reward actor beside each engine: a reward model without devices of its own (a rule
+    reward has none)."""
+    s = cfg.split
+    return cfg.workload.reward_model and s.score_gpus == 0 and not s.reward_with_train
 
 
 def _beside_engines(cfg: SimConfig, ref_actors: bool) -> list[tuple[str, float]]:
     """Streaming actors on an engine's device: the reward actor without devices of its own, the
     reference actor with `ref_actors` and no `split.reference_gpus`."""
     s = cfg.split
-    items = scorer_items(cfg, True) if _scorers_on_engines(s) else []
+    items = scorer_items(cfg, True) if _scorers_on_engines(cfg) else []
     if ref_actors and not s.reference_gpus:
         items += reference_actor_items(cfg)
     return items
@@ -206,7 +209,7 @@ def plan(cfg: SimConfig, streams: bool = False, ref_actors: bool = False, sync_b
         if s.critic_gpus:
             out.append(DeviceUse("critic", tuple(training_items(cfg, "critic") + reserve), cap))
         out.append(DeviceUse("engine", tuple(engines + on_engines + reserve), cap))
-    if s.score_gpus:
+    if s.score_gpus and cfg.workload.reward_model:  # a rule reward: nothing on them
         out.append(DeviceUse("reward", tuple(scorer_items(cfg, streams) + reserve), cap))
     if ref_actors and s.reference_gpus:
         out.append(DeviceUse("reference", tuple(reference_actor_items(cfg) + reserve), cap))

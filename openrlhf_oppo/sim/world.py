@@ -161,7 +161,8 @@ class World:
         if c.sleep_transfer_s:  # the hybrid engine: vLLM sleeps, the DeepSpeed models come back
             self.recorder.span("driver", 0, "offload", t, t + c.sleep_transfer_s)
             t += c.sleep_transfer_s
-        on_train = score_in_experience and (self.cfg.split.reward_with_train or self.shared_host)
+        reward = score_in_experience and w.reward_model  # a rule reward: no reward forward anywhere
+        on_train = reward and (self.cfg.split.reward_with_train or self.shared_host)
         left = {stage: c.make_experience_s(n, w.reference, w.critic, reward=on_train)[stage]
                 for stage, n in (streamed or {}).items()}
         stages = {**c.make_experience_s(tokens, w.reference, w.critic, reward=on_train), **left}
@@ -170,7 +171,7 @@ class World:
         other_s = t - now_s + fixed_s
         slow = self._slowed(forwards_s, other_s, decode_end_s - now_s)
         t = self._forwards(t, {k: dt * slow for k, dt in stages.items()})
-        if score_in_experience and not on_train:
+        if reward and not on_train:
             t = max(t, self.score_whole(now_s, lengths, sample_ids))
         t += fixed_s
         self.recorder.span("driver", 0, "make_experience", now_s, t)
