@@ -8,6 +8,12 @@ figures, the calibration table), writes each schedule's simulated timeline in th
 of real runs and draws it with `openrlhf-oppo plot`'s code. Several `--sweep` flags are
 zipped (same number of values): `--sweep split.nodes=1,2,4 --sweep workload.batch_groups=112,224,448`.
 Keys: `openrlhf_oppo.sim.presets` (`delta.*`, `chunk.*`, ... are the `oppo:` section's).
+
+Every run prints each schedule's version budget (the most policy versions a trained token may lag:
+`drivers.version_budget`) beside its measured lags, and OPPO's fastest schedule against OpenRLHF's
+fastest at each equal budget. With `--best-layout` also OpenRLHF's async trainer with OPPO's sync
+transport where OPPO's fastest syncs in the background ("same transport", beside "as shipped"), and a
+band on every ratio over the assumed constants (`openrlhf_oppo.sim.bands`; `--no-band` skips it).
 """
 
 from __future__ import annotations
@@ -44,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="each schedule in the best layout of the preset's GPUs (nodes x gpus_per_node) that its "
                         "framework can run and that fits (openrlhf_oppo.sim.layouts); layouts that do not fit are "
                         "listed with what overflows")
+    p.add_argument("--no-band", action="store_true",
+                   help="--best-layout: print the equal-budget ratios without their bands (a band re-simulates the "
+                        "compared schedules in their layouts at each assumed constant's low and high, one at a time: "
+                        "openrlhf_oppo.sim.bands; on by default with --best-layout)")
+    p.add_argument("--band-seeds", type=int, default=1,
+                   help="seeds each band run takes (default 1: the preset's first; the headline ratios take every "
+                        "seed)")
     p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.add_argument("--plot-steps", type=int, default=4, help="steps drawn in the timeline PNGs (after warm-up)")
     return p
@@ -78,6 +91,17 @@ def main(argv: list[str]) -> int:
         report.print_tables(sim)
         report.print_layouts(sim, tried)
         _print_staleness(sim)
+        band_seeds = None
+        if args.best_layout:
+            report.add_same_transport(sim)
+        sim.compared = report.equal_budget(sim)
+        if args.best_layout and not args.no_band:
+            if args.band_seeds < 1:
+                raise ValueError(f"--band-seeds: at least 1, got {args.band_seeds}")
+            band_seeds = args.band_seeds
+            report.add_bands(sim, sim.compared, band_seeds)
+        report.print_budgets(sim)
+        report.print_equal_budget(sim, sim.compared, band_seeds)
         if report.calibrates(sim):
             report.print_calibration(sim)
         print(f"simulated in {time.perf_counter() - t0:.1f} s")
@@ -93,7 +117,7 @@ def _print_staleness(sim: report.Simulated) -> None:
     """OPPO schedules: how off-policy the trained tokens were and which Δ the rule chose."""
     w = sim.cfg.workload
     rows = [(s, [drivers.staleness(r, w.warmup_steps) for r in rs]) for s, rs in sim.runs.items()]
-    rows = [(s, st) for s, st in rows if st[0] is not None]
+    rows = [(s, st) for s, st in rows if st[0] is not None and "delta" in st[0]]  # OPPO's (OpenRLHF's: budgets)
     if not rows:
         return
     print()

@@ -16,9 +16,19 @@ from pathlib import Path
 
 from openrlhf_oppo.bench import schedules as bench_schedules
 from openrlhf_oppo.bench.table import name_width
+from openrlhf_oppo.sim import bands as band_model
 from openrlhf_oppo.sim import costs as cost_model
-from openrlhf_oppo.sim import layouts
-from openrlhf_oppo.sim.drivers import BASELINES, RunResult, schedule_names, simulate, summarize
+from openrlhf_oppo.sim import layouts, memory
+from openrlhf_oppo.sim.drivers import (
+    BASELINES,
+    SAME_TRANSPORT,
+    RunResult,
+    schedule_names,
+    simulate,
+    staleness,
+    summarize,
+    version_budget,
+)
 from openrlhf_oppo.sim.presets import SimConfig
 
 NAME_W = 17  # the printed tables' schedule column: room for registered schedules' longer names too
@@ -36,6 +46,8 @@ class Simulated:
     refused: dict[str, list[str]] = field(default_factory=dict)  # schedule -> why it cannot run this layout
     layouts: dict[str, SimConfig] = field(default_factory=dict)  # schedule -> the layout it ran (fitted)
     searched: bool = False  # each schedule in its own best layout (`best_layouts`): no like-for-like ablation
+    beside: dict[str, tuple[SimConfig, list[dict]]] = field(default_factory=dict)  # not shipped: layout, summaries
+    compared: list = field(default_factory=list)  # `equal_budget`'s rows (Comparison)
 
 
 def run_all(cfg: SimConfig, schedules: tuple[str, ...] | None = None) -> Simulated:
@@ -203,6 +215,169 @@ def print_calibration(sim: Simulated) -> None:
           "time-to-reward speedups (same samples per step, so per-step time is their proxy)")
 
 
+# ------------------------------------------------------------- equal version budgets
+
+
+def step_s(sim: Simulated, schedule: str) -> float:
+    """A schedule's mean step s, median over seeds (`beside` runs too)."""
+    sums = sim.summaries[schedule] if schedule in sim.summaries else sim.beside[schedule][1]
+    return statistics.median(x["mean_step_s"] for x in sums)
+
+
+def budgets(sim: Simulated) -> dict[str, int]:
+    """Each simulated schedule's version budget (`drivers.version_budget`)."""
+    out = {s: version_budget(c, s) for s, c in sim.layouts.items()}
+    out.update({s: version_budget(c, s) for s, (c, _) in sim.beside.items()})
+    return out
+
+
+@dataclass
+class Comparison:
+    """OPPO's fastest schedule against OpenRLHF's fastest, both within one version budget."""
+
+    budget: int
+    oppo: str
+    openrlhf: str
+    ratios: list[float]  # seed by seed: OpenRLHF's mean step / OPPO's
+    openrlhf_as: str = "as shipped"  # or "same transport": OpenRLHF's async with OPPO's sync transport
+    band: band_model.Band | None = None
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def _ratios(sim: Simulated, num: str, den: str) -> list[float]:
+    def sums(s: str) -> list[dict]:
+        return sim.summaries[s] if s in sim.summaries else sim.beside[s][1]
+
+    return [a["mean_step_s"] / b["mean_step_s"] for a, b in zip(sums(num), sums(den), strict=False)]
+
+
+def equal_budget(sim: Simulated) -> list[Comparison]:
+    """At each version budget L an OPPO schedule has: OPPO's fastest schedule of budget <= L against
+    OpenRLHF's fastest of budget <= L (equal budget: the same most versions a trained token may lag),
+    as shipped and, where one was simulated (`add_same_transport`), with OPPO's sync transport."""
+    b = budgets(sim)
+    oppo = [s for s in sim.runs if s not in BASELINES]
+    shipped = [s for s in sim.runs if s in BASELINES]
+    rows = []
+    for level in sorted({b[s] for s in oppo}):
+        x = min((s for s in oppo if b[s] <= level), key=lambda s: step_s(sim, s))
+        for label, pool in (("as shipped", shipped), ("same transport", [*shipped, *sim.beside])):
+            ys = [s for s in pool if b[s] <= level]
+            if not ys or (label == "same transport" and not sim.beside):
+                continue
+            y = min(ys, key=lambda s: step_s(sim, s))
+            rows.append(Comparison(level, x, y, _ratios(sim, y, x), label))
+    return rows
+
+
+def headline_budget(sim: Simulated) -> int | None:
+    """The budget of OPPO's fastest schedule (its row is the headline), None without one."""
+    oppo = [s for s in sim.runs if s not in BASELINES]
+    if not oppo:
+        return None
+    return budgets(sim)[min(oppo, key=lambda s: step_s(sim, s))]
+
+
+def add_same_transport(sim: Simulated) -> str | None:
+    """Where OPPO's fastest schedule syncs in the background (`staleness.background_sync`, with the
+    preset's `staleness.background_sync_buffer`), OpenRLHF's async trainer with that transport
+    (`drivers.SAME_TRANSPORT`): in `async`'s best layout and in OPPO's, where its flags can place it
+    and it fits with the buffer, the faster (one seed) with every seed. Its name, or None."""
+    oppo = [s for s in sim.runs if s not in BASELINES]
+    if not oppo:
+        return None
+    best = min(oppo, key=lambda s: step_s(sim, s))
+    if not layouts.syncs_in_background(sim.layouts[best], best):
+        return None
+    critic = sim.cfg.workload.critic
+    trials = []
+    for s in ("async", best):
+        if s not in sim.layouts:
+            continue
+        split = sim.layouts[s].split
+        if layouts.rule(SAME_TRANSPORT, split, critic=critic) is not None:
+            continue
+        trial = memory.fit_engines(dataclasses.replace(sim.cfg, split=split), False, True)
+        if memory.overflow(trial, False, False, True):
+            continue
+        one = dataclasses.replace(trial, workload=dataclasses.replace(trial.workload, seeds=1))
+        r = simulate(one, cost_model.build(one), SAME_TRANSPORT, one.workload.seed)
+        trials.append((summarize(r, one.workload.warmup_steps)["mean_step_s"], trial))
+    if not trials:
+        return None
+    cfg = min(trials, key=lambda t: t[0])[1]
+    w = cfg.workload
+    costs = cost_model.build(cfg)
+    sums = [summarize(simulate(cfg, costs, SAME_TRANSPORT, w.seed + k), w.warmup_steps) for k in range(w.seeds)]
+    sim.beside[SAME_TRANSPORT] = (cfg, sums)
+    return SAME_TRANSPORT
+
+
+def add_bands(sim: Simulated, rows: list[Comparison], seeds: int = 1) -> None:
+    """Each row's band (`sim.bands`), its schedules in their layouts."""
+    where = {**sim.layouts, **{s: c for s, (c, _) in sim.beside.items()}}
+    pairs = sorted({(r.openrlhf, r.oppo) for r in rows})
+    found = band_model.bands(pairs, where, {(r.openrlhf, r.oppo): r.ratio for r in rows}, seeds)
+    for r in rows:
+        r.band = found[(r.openrlhf, r.oppo)]
+
+
+def print_budgets(sim: Simulated) -> None:
+    """Every schedule's version budget, step and measured lags."""
+    w = sim.cfg.workload
+    b = budgets(sim)
+    print()
+    print(f"{'schedule':<{NAME_W}} {'budget':>6} {'step s':>7} {'max lag':>7} "
+          + " ".join(f"{'lag ' + k:>6}" for k in ("0", "1", "2", "3+")))
+    for s in [*sim.runs, *sim.beside]:
+        st = [staleness(r, w.warmup_steps) for r in sim.runs[s]] if s in sim.runs else []
+        st = [x for x in st if x is not None]
+        if st:
+            measured = (f"{max(x['max_lag'] for x in st):>7} "
+                        + " ".join(f"{statistics.median(x['lag_share'][k] for x in st):>6.2f}"
+                                   for k in ("0", "1", "2", "3+")))
+        else:
+            measured = f"{'-':>7}"
+        print(f"{s:<{NAME_W}} {b[s]:>6} {step_s(sim, s):>7.2f} {measured}")
+    print("budget: the most policy versions a trained token may lag the weights that train it, by the schedule's "
+          "construction (sync 0; async, partial 1; over-sampling at kB prompts a call k; OPPO: max_deferral_steps at "
+          "lag 0, min(max_policy_lag, max_deferral_steps + 1) with async admission; 0 / 1 without carry-over); "
+          "measured after warm-up: the largest lag over seeds, each lag's share of trained tokens (median over seeds)"
+          + (f"; {SAME_TRANSPORT}: OpenRLHF's async with OPPO's sync transport, not its shipped code "
+             "(every seed, its lags not recorded)" if sim.beside else ""))
+
+
+def print_equal_budget(sim: Simulated, rows: list[Comparison], band_seeds: int | None = None) -> None:
+    if not rows:
+        return
+    head = headline_budget(sim)
+    print()
+    print("OPPO against OpenRLHF's best at equal version budget (each side's fastest schedule whose budget is at "
+          "most the row's)")
+    print(f"{'budget':>6}  {'OPPO':<{NAME_W}} {'step s':>7}  {'OpenRLHF':<{NAME_W}} {'step s':>7}  {'':<14} "
+          f"{'OPPO ÷ OpenRLHF':>22}  band")
+    for r in rows:
+        mark = "*" if r.budget == head else " "
+        spread = f"{r.ratio:.2f} [{min(r.ratios):.2f}-{max(r.ratios):.2f}]"
+        band = "-"
+        if r.band is not None:
+            band = f"{r.band.low:.2f}-{r.band.high:.2f} (low: {r.band.extremes[0]}; high: {r.band.extremes[1]})"
+        print(f"{r.budget:>5}{mark}  {r.oppo:<{NAME_W}} {step_s(sim, r.oppo):>7.2f}  {r.openrlhf:<{NAME_W}} "
+              f"{step_s(sim, r.openrlhf):>7.2f}  {r.openrlhf_as:<14} {spread:>22}  {band}")
+    print("*: the budget of OPPO's fastest schedule (the headline). ratio: OpenRLHF's mean step / OPPO's, seed by "
+          "seed, median [min-max]; 'same transport': OpenRLHF's best with its async trainer given OPPO's background "
+          "sync and its buffer (staleness.background_sync_buffer) beside the shipped modes")
+    if band_seeds is not None:
+        ranges = ", ".join(f"{c.key.split('.', 1)[1]} {c.low:g}-{c.high:g}" for c in band_model.CONSTANTS)
+        print(f"band: the lowest and highest ratio with each assumed constant at its low and high, one at a time "
+              f"(sim.bands: {ranges}), "
+              f"each schedule in its layout above, {band_seeds} seed{'s' if band_seeds > 1 else ''}, "
+              f"{sim.cfg.workload.steps} steps; the preset's ratio is inside it")
+
+
 # ---------------------------------------------------------------------------- timelines
 
 
@@ -230,7 +405,11 @@ def write_outputs(sim: Simulated, out: Path, plot_schedules: tuple[str, ...] = (
         write_timeline(rs[0], out / s)
     (out / "summary.json").write_text(json.dumps(
         {"preset": sim.cfg.name, "rows": rows, "verdict": asdict(bench_schedules.verdict(rows)),
-         "calibration": calibration_rows(sim) if calibrates(sim) else None}, indent=1,
+         "calibration": calibration_rows(sim) if calibrates(sim) else None,
+         "version_budgets": budgets(sim) if sim.runs else {},
+         "equal_budget": [{"budget": r.budget, "oppo": r.oppo, "openrlhf": r.openrlhf, "openrlhf_as": r.openrlhf_as,
+                           "ratio": r.ratio, "ratios": r.ratios,
+                           "band": asdict(r.band) if r.band is not None else None} for r in sim.compared]}, indent=1,
         default=str))
     first = sim.cfg.workload.warmup_steps
     pngs = []

@@ -1,14 +1,36 @@
-"""OpenRLHF's own schedules (`sync`, `async`, `partial`, `oversample`) as drivers of the
-simulated world, modelled after OpenRLHF 0.11.2's control flow."""
+"""OpenRLHF's own schedules (`sync`, `async`, `partial`, `oversample` and its 3B / 4B variants) as
+drivers of the simulated world, modelled after OpenRLHF 0.11.2's control flow.
+
+Each driver also records, per trained step, its response tokens by policy lag: how many versions
+older than the weights that train them were the weights that decoded them (`OpenRLHFRunResult`,
+the measured side of `drivers.version_budget`). The versions count weight syncs: the trainer's
+j-th batch trains from version j; a token decoded after the k-th sync's end and before the next
+sync's start is version k (the engines are paused during a sync).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from openrlhf_oppo.sim.costs import CostModel
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig
 from openrlhf_oppo.sim.world import RunResult, StepRecord, World
+
+
+@dataclass
+class OpenRLHFRunResult(RunResult):
+    """A run of an OpenRLHF mode, with each trained step's response tokens by policy lag."""
+
+    lag_tokens: list[dict[int, int]] = field(default_factory=list)  # per trained step: lag -> tokens
+
+
+def released_s(costs: CostModel, now_s: float, end_s: float, background: bool) -> float:
+    """When the trainer goes on after a weight sync that started at `now_s` and ends at `end_s`:
+    in the background (`staleness.background_sync`, OPPO's or OpenRLHF's with OPPO's transport) once
+    the weights are gathered (`sync_gather_s`), else after the broadcast."""
+    return min(end_s, now_s + costs.sync_gather_s) if background else end_s
 
 # ------------------------------------------------------------------------- OpenRLHF: sync
 
@@ -23,11 +45,12 @@ class SyncDriver(World):
         self.pending = 0
         self.batch: list[Request] = []
         self.step_start_s = 0.0
+        self.lag_tokens: list[dict[int, int]] = []
 
-    def run(self) -> RunResult:
+    def run(self) -> OpenRLHFRunResult:
         self.loop.at(0.0, self.begin)
         self.loop.run(lambda: len(self.records) >= self.cfg.workload.steps)
-        return self.result("sync")
+        return OpenRLHFRunResult(**vars(self.result("sync")), lag_tokens=self.lag_tokens)
 
     def begin(self) -> None:
         now = self.loop.now_s
@@ -58,6 +81,7 @@ class SyncDriver(World):
         n = self.cfg.workload.samples_per_group
         prompts = tuple(sorted({r.sample_id // n for r in self.batch}))
         self.record(StepRecord(self.step, self.step_start_s, ready_s, now, sync_end, prompts, sum(lengths)))
+        self.lag_tokens.append({0: sum(lengths)})  # generated from the weights it trains from
         self.step += 1
         self.loop.at(sync_end, self.begin)
 
@@ -85,18 +109,33 @@ class AsyncDriver(World):
 
     Without partial rollout the generator holds the lock for the whole call, so the weight
     sync waits for the call in flight; with it, the sync pauses the engines and requests keep
-    their tokens. Over-sampling (`prompts_per_call` = 2B): the second batch of a call comes
-    from the buffer, and the next call starts only when the trainer takes that batch. With
-    `workload.dataset_steps` the dataset ends with the run: the last batch trains with nothing
-    generating.
+    their tokens. Over-sampling (`prompts_per_call` = kB, `--rollout.vllm_generate_batch_size`;
+    OpenRLHF's `oversample` is k = 2): batches 2..k of a call come from the buffer, and the next
+    call starts only when the trainer takes the last of them. With `workload.dataset_steps` the
+    dataset ends with the run: the last batch trains with nothing generating.
+
+    Policy lag (no partial rollout): a call starts as the trainer takes the last batch of the
+    call before, whose weights are the engines' (version v); its k batches train from versions
+    v+1 .. v+k (the sync after the taken batch waits for the call): lags 1 .. k. Partial rollout
+    (one batch a call): a call spans at most one sync, lags 0 and 1.
+
+    `background_sync` (not OpenRLHF's shipped code: its async trainer with OPPO's transport,
+    `staleness.background_sync` and `staleness.background_sync_buffer`): the trainer takes the
+    next batch once the weights are gathered (`released_s`); the broadcast holds the vLLM lock,
+    and the engines stay paused, until it ends.
     """
 
     def __init__(self, cfg: SimConfig, costs: CostModel, seed: int, partial: bool, prompts_per_call: int,
-                 name: str) -> None:
+                 name: str, background_sync: bool = False) -> None:
         super().__init__(cfg, costs, seed)
         self.partial = partial
         self.prompts_per_call = prompts_per_call
         self.name = name
+        self.background_sync = background_sync
+        self.syncs_started = 0  # weight syncs begun (each ends before any engine decodes again)
+        self.versions: dict[int, list[tuple[int, int]]] = {}  # sample -> (version, tokens decoded up to then)
+        self.version_at_start: dict[int, int] = {}  # sample -> the version its first tokens are decoded by
+        self.lag_tokens: list[dict[int, int]] = []
         w = cfg.workload
         self.prompts_left = w.steps * w.batch_groups if w.dataset_steps else 1 << 62  # the dataloader
         self.next_prompt = 0
@@ -114,10 +153,10 @@ class AsyncDriver(World):
         self.wait_start_s = 0.0
         self.trained = 0
 
-    def run(self) -> RunResult:
+    def run(self) -> OpenRLHFRunResult:
         self.loop.at(0.0, self.generator_next)
         self.loop.run(lambda: len(self.records) >= self.cfg.workload.steps)
-        return self.result(self.name)
+        return OpenRLHFRunResult(**vars(self.result(self.name)), lag_tokens=self.lag_tokens)
 
     # ------------------------------------------------------------------ the lock
 
@@ -160,6 +199,10 @@ class AsyncDriver(World):
         self.next_prompt += count
         self.prompts_left -= count
         self.call_groups = {g[0].sample_id // n: g for g in groups}
+        for g in groups:  # a sync begun before the call ends before the engines decode it
+            for r in g:
+                self.versions[r.sample_id] = []
+                self.version_at_start[r.sample_id] = self.syncs_started
         self.call_left = {p: n for p in self.call_groups}
         self.call_done = []
         self.call_start_s = now
@@ -209,6 +252,7 @@ class AsyncDriver(World):
         self.generator_next()  # the slot wakes the generator first: its call decodes beside training
         reqs = [r for g in batch for r in g]
         lengths = [r.done for r in reqs]
+        self.lag_tokens.append(self.lags(reqs, self.trained))
         end = self.experience_and_train(now, lengths, [r.sample_id for r in reqs], True)
         n = self.cfg.workload.samples_per_group
         prompts = tuple(sorted({r.sample_id // n for r in reqs}))
@@ -216,14 +260,43 @@ class AsyncDriver(World):
                      lambda: self.broadcast(StepRecord(self.trained, self.wait_start_s, now, end, end, prompts,
                                                        sum(lengths))))
 
+    def lags(self, reqs: list[Request], trained_version: int) -> dict[int, int]:
+        """The batch's response tokens by lag behind `trained_version` (see the class doc)."""
+        out: dict[int, int] = {}
+        for r in reqs:
+            marks = self.versions.pop(r.sample_id, [])
+            start = self.version_at_start.pop(r.sample_id, 0)
+            upto = 0
+            for version, done in marks:
+                if done > upto:
+                    out[trained_version - version] = out.get(trained_version - version, 0) + done - upto
+                    upto = done
+            last = marks[-1][0] + 1 if marks else start
+            if r.done > upto:
+                out[trained_version - last] = out.get(trained_version - last, 0) + r.done - upto
+        return out
+
+    def mark_versions(self) -> None:
+        """A sync begins: the tokens decoded so far by the call in flight are the engines' version."""
+        for g in self.call_groups.values():
+            for r in g:
+                self.versions[r.sample_id].append((self.syncs_started, r.done))
+        self.syncs_started += 1
+
     def broadcast(self, rec: StepRecord) -> None:
         now = self.loop.now_s
-        end = self.weight_sync(now)  # pauses the engines (partial rollout: requests keep their tokens)
-        self.loop.at(end, self.after_sync, StepRecord(rec.step, rec.generate_start_s, rec.batch_ready_s,
-                                                      rec.train_end_s, end, rec.prompt_indices, rec.tokens))
+        end = self.weight_sync(now, self.background_sync)  # pauses the engines (partial: requests keep their tokens)
+        self.mark_versions()
+        released = released_s(self.costs, now, end, self.background_sync)
+        if released < end:  # the trainer goes on; the broadcast holds the lock to its end
+            self.loop.at(end, self.release)
+        self.loop.at(released, self.after_sync, StepRecord(rec.step, rec.generate_start_s, rec.batch_ready_s,
+                                                           rec.train_end_s, released, rec.prompt_indices, rec.tokens),
+                     released < end)
 
-    def after_sync(self, rec: StepRecord) -> None:
-        self.release()
+    def after_sync(self, rec: StepRecord, broadcasting: bool = False) -> None:
+        if not broadcasting:
+            self.release()
         self.record(rec)
         self.trained += 1
         self.trainer_idle = True

@@ -50,6 +50,7 @@ from openrlhf_oppo.core import OverlapScheduler, StepStats
 from openrlhf_oppo.core.types import StepPlan, StepReport, TrainBatch
 from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim.costs import CostModel
+from openrlhf_oppo.sim.drivers.openrlhf import released_s
 from openrlhf_oppo.sim.engine import Request
 from openrlhf_oppo.sim.presets import SimConfig, schedule_oppo
 from openrlhf_oppo.sim.streamer import TRAIN_STREAMED, ExperienceAhead, ReferenceActors, TrainStreamer
@@ -294,10 +295,7 @@ class OppoDriver(World):
             return
         self.sync_end_s = self.weight_sync(now, self.background_sync)  # pauses the engines: their segments end now
         # the trainer goes on once the weights are gathered (background sync), else after the broadcast
-        if self.background_sync:
-            released = min(self.sync_end_s, now + self.costs.sync_gather_s)
-        else:
-            released = self.sync_end_s
+        released = released_s(self.costs, now, self.sync_end_s, self.background_sync)
         self.flush(now)  # tokens decoded before the sync belong to the old policy version
         if report is None:
             report = self.sched.end_step(stats)
