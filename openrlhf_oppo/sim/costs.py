@@ -63,8 +63,8 @@ class CostModel:
     experience_overhead_s: float = 0.0  # per make_experience, beyond phase_overhead_s
     advantage_loop_s_per_token: float = 0.0  # OpenRLHF's advantage loop, per padded position of a micro-batch
     advantage_vectorized_s_per_token: float = 0.0  # OPPO's whole-tensor advantages, the same
-    sync_overhead_s: float = 0.0  # per weight sync, beyond weight_sync_s
-    sync_gather_s: float = 0.0  # staleness.background_sync: the trainer's share of a sync (gather + a call)
+    sync_overhead_s: float = 0.0  # per weight sync beyond weight_sync_s: its fixed cost to the trainer (sync_fixed_s)
+    sync_gather_s: float = 0.0  # staleness.background_sync: the trainer's share of a sync (that + the gather)
     sharded_sync_s: float = 0.0  # with staleness.background_sync_buffer shards: a background sync's broadcast
     # (no gather; 0: the buffer is gathered, and the background sync takes weight_sync_s as a foreground one)
     decode_slowdown_scoring: float = 0.0  # scorer_on_engines: 0, the engine stops while its scorer prefills; else x
@@ -189,9 +189,21 @@ def _layout(cfg: SimConfig) -> dict:
                 phase_overhead_s=e.phase_overhead_s, generate_overhead_s=e.generate_overhead_s,
                 experience_overhead_s=e.experience_overhead_s, advantage_loop_s_per_token=e.advantage_loop_s_per_token,
                 advantage_vectorized_s_per_token=e.advantage_vectorized_s_per_token,
-                sync_overhead_s=e.phase_overhead_s if e.sync_overhead_s < 0 else e.sync_overhead_s,
+                sync_overhead_s=sync_fixed_s(cfg),
                 decode_slowdown_scoring=e.decode_slowdown_scoring,
                 decode_slowdown_shared=e.decode_slowdown_shared, train_slowdown_shared=e.train_slowdown_shared)
+
+
+def sync_fixed_s(cfg: SimConfig) -> float:
+    """The trainer's fixed cost of a weight sync (`efficiency.sync_overhead_s`; -1: `phase_overhead_s`):
+    the driver's Ray call on every actor rank and the rank's walk over every parameter (a ZeRO-3 gather
+    each, or with `staleness.background_sync_buffer` shards a copy of its partition), beyond the
+    transfers' bytes. Every sync's trainer pays it: a foreground sync (OpenRLHF's, and OPPO's without
+    `staleness.background_sync`) inside `weight_sync_s`'s wait, a background one before it goes on
+    (`sync_gather_s`). Assumed (no GPU run has measured it); a measured preset's is 0, its
+    `costs.weight_sync_s` being the whole sync."""
+    e = cfg.efficiency
+    return e.phase_overhead_s if e.sync_overhead_s < 0 else e.sync_overhead_s
 
 
 def _measured_only(cfg: SimConfig) -> CostModel:
@@ -227,19 +239,21 @@ def _roofline(cfg: SimConfig) -> CostModel:
     # OpenRLHF's sync gathers each parameter (ZeRO-3), then broadcasts it: the two in turn
     broadcast_s = actor.weight_bytes / (link * e.link_efficiency)
     sync_s = e.weight_sync_base_s + gather_s + broadcast_s
-    # the trainer's share of a background sync: a call and the gather; into host memory, each gathered
-    # parameter copied to the host beside the next gather; in shards, each rank's copy of its partition,
-    # then every engine device takes the whole weights from the actor's ranks, each of which sends its
-    # partition to every engine device, both through their links
+    # the trainer's share of a background sync: the sync's fixed cost (`sync_fixed_s`: the call on every
+    # rank, its walk over every parameter), as a foreground sync pays it, and the gather; into host memory,
+    # each gathered parameter copied to the host beside the next gather; in shards, each rank's copy of its
+    # partition, then every engine device takes the whole weights from the actor's ranks, each of which
+    # sends its partition to every engine device, both through their links
     buffer = cfg.oppo.staleness.background_sync_buffer
     ranks = s.pattern_nodes * s.train_gpus
-    sync_gather_s = gather_call_s
+    fixed_s = sync_fixed_s(cfg)
+    sync_gather_s = fixed_s + gather_s
     sharded_sync_s = 0.0
     if buffer == "host":
         host_copy_s = actor.weight_bytes / (hw.pcie_bytes_per_s * e.link_efficiency)
-        sync_gather_s = e.forward_overhead_s + max(gather_s, host_copy_s)
+        sync_gather_s = fixed_s + max(gather_s, host_copy_s)
     elif buffer == "shards":
-        sync_gather_s = e.forward_overhead_s + actor.weight_bytes / (ranks * bw)
+        sync_gather_s = fixed_s + actor.weight_bytes / (ranks * bw)
         fan_out = max(1.0, s.engines * tp / ranks)  # the senders' links, else the engine devices', bound it
         sharded_sync_s = e.weight_sync_base_s + fan_out * broadcast_s
     return CostModel(

@@ -78,7 +78,7 @@ def test_across_nodes_a_sync_gathers_and_broadcasts_through_one_devices_network(
     c = costs.build(cfg)
     one_way = cfg.actor.weight_bytes / (50e9 * 0.7)  # 145 GB through one device's 50 GB/s: about 4.2 s
     assert c.weight_sync_s == pytest.approx(0.5 + 2 * one_way)
-    assert c.sync_gather_s == pytest.approx(0.03 + one_way)  # the background sync's wait: the gather alone
+    assert c.sync_gather_s == pytest.approx(1.0 + one_way)  # the background sync's wait: its fixed cost, the gather
     colocated = costs.build(load_preset("paper-7b-h200", [
         "split.nodes=8", "split.generate_gpus=8", "split.train_gpus=8", "split.score_gpus=0",
         "split.reward_with_train=true", "split.tensor_parallel=4", "actor=qwen2.5-72b", "critic=qwen2.5-72b",

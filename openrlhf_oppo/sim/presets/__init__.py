@@ -136,8 +136,12 @@ class Efficiency:
                                              "engine stops while its scorer prefills (one device, they take turns); "
                                              "above 0, a CPU host's shared cores: it decodes on, each iteration this "
                                              "many times longer (`python -m oppo_lab calibrate`).")
-    sync_overhead_s: float = _f(-1.0, "Per weight sync beyond `weight_sync_base_s` and the broadcast (-1: "
-                                      "phase_overhead_s; a measured preset: 0, its weight_sync_s is the whole sync).")
+    sync_overhead_s: float = _f(-1.0, "The fixed cost of a weight sync to the trainer, beyond `weight_sync_base_s` "
+                                      "and the transfers: the Ray call on every actor rank and its walk over every "
+                                      "parameter (a ZeRO-3 gather each). Every sync's trainer pays it, in the "
+                                      "foreground or before a background sync lets it go on (`costs.sync_fixed_s`). "
+                                      "-1: phase_overhead_s; a measured preset: 0, its weight_sync_s is the whole "
+                                      "sync.")
 
 
 @dataclass(frozen=True)
