@@ -145,10 +145,10 @@ def simulate(cfg: presets.SimConfig) -> Row:
 def print_table(rows: list[Row], title: str = "", count: bool = True) -> None:
     """Step time and stage split of each row; `count`: the within count is a verdict (held-out rows)."""
     print(title or f"absolute scale: time per step simulated vs published (verdict: within ±{TOLERANCE:.0%})")
-    print(f"{'run':<30} {'schedule':<8} {'GPUs':<12} {'tokens':<15} {'sim s':>7} {'pub s':>7} {'sim/pub':>7}  "
+    print(f"{'run':<36} {'schedule':<8} {'GPUs':<12} {'tokens':<15} {'sim s':>7} {'pub s':>7} {'sim/pub':>7}  "
           f"{'verdict' if count else 'in-sample check'}")
     for r in rows:
-        print(f"{_short(r.preset):<30} {r.schedule:<8} {r.gpus:<12} {r.lengths:<15} {r.simulated_step_s:>7.1f} "
+        print(f"{_short(r.preset):<36} {r.schedule:<8} {r.gpus:<12} {r.lengths:<15} {r.simulated_step_s:>7.1f} "
               f"{r.published_step_s:>7.1f} {r.ratio:>7.2f}  {verdict(r.ratio)}")
     within = sum(verdict(r.ratio) == "within" for r in rows)
     print(f"{within} of {len(rows)} within ±{TOLERANCE:.0%}" + ("" if count else " (in-sample for any constant "
@@ -156,13 +156,13 @@ def print_table(rows: list[Row], title: str = "", count: bool = True) -> None:
           "see each preset)")
     print()
     print("stage split, s per step: simulated/published ('-': not published apart)")
-    print(f"{'run':<30} " + " ".join(f"{HEADERS[s]:>11}" for s in STAGES))
+    print(f"{'run':<36} " + " ".join(f"{HEADERS[s]:>11}" for s in STAGES))
     for r in rows:
         cells = [f"{r.simulated[s]:.0f}/" + (f"{r.published[s]:.0f}" if s in r.published else "-") for s in STAGES]
-        print(f"{_short(r.preset):<30} " + " ".join(f"{c:>11}" for c in cells))
-    print("gen: waiting for the batch (verl's timing_s/gen also holds the weight resharding: w-sync here; an async "
-          "run's published gen is its wait_prev_gen); gen+exp: generation and make_experience as one figure "
-          "(OpenRLHF's benchmark)")
+        print(f"{_short(r.preset):<36} " + " ".join(f"{c:>11}" for c in cells))
+    print("gen: waiting for the batch (verl's timing_s/gen also holds the weight resharding: w-sync here); in an "
+          "async run, generation beside training (the published wait for the batch is step - old-lp - update); "
+          "gen+exp: generation and make_experience as one figure (OpenRLHF's benchmark)")
 
 
 def print_pairs(pairs: list[PairRow]) -> None:
@@ -208,6 +208,32 @@ def fit_constant(key: str, names: list[str], lo: float, hi: float, sets: list[st
         else:
             b = m
     return math.exp((a + b) / 2)
+
+
+def paper_rows(name: str) -> list[dict]:
+    """The paper preset's ablation speed-ups, simulated (`report.calibration_rows`: each ablation's
+    schedule against sync, in the paper's layout)."""
+    from openrlhf_oppo.sim import report
+
+    cfg = lab_sim.load_preset(name)
+    sim = report.run_all(cfg, ("sync", *(schedule for _, schedule in report.ABLATIONS)))
+    return report.calibration_rows(sim)
+
+
+def print_paper(tables: dict[str, list[dict]]) -> None:
+    print("the OPPO paper's ablation speed-ups over sync (held out): simulated vs paper (verdict: within ±20%; "
+          "none where the band holds 1.00)")
+    print(f"{'preset':<16} {'ablation':<9} {'schedule':<12} {'sim':>5} {'paper':>6} {'sim/paper':>9}  verdict")
+    decided = within = 0
+    for name, rows in tables.items():
+        for r in rows:
+            v = ("no verdict: the band holds 1.00" if r["ok"] is None else
+                 "within" if r["ok"] else f"MISS: too {'low' if r['rel'] < 1 else 'high'}")
+            decided += r["ok"] is not None
+            within += bool(r["ok"])
+            print(f"{name:<16} {r['ablation']:<9} {r['schedule']:<12} {r['simulated']:>5.2f} {r['paper']:>6.2f} "
+                  f"{r['rel']:>9.2f}  {v}")
+    print(f"{within} of {decided} decided rows within ±20%")
 
 
 def heldout_pairs(rows: dict[str, Row]) -> list[PairRow]:
@@ -264,6 +290,9 @@ def main(argv: list[str]) -> int:
                     f"simulated vs published (verdict: within ±{TOLERANCE:.0%})")
         print()
         print_pairs(heldout_pairs(rows))
+        if args.presets is None:  # the paper's ablations too: every held-out ratio
+            print()
+            print_paper({n: paper_rows(n) for n in heldout.HELD_OUT if n.startswith("paper-")})
     if unplaced:
         print(f"in neither set, not simulated (place it in oppo_lab/sim/heldout.py first): {', '.join(unplaced)}")
     if not args.heldout and fitted:

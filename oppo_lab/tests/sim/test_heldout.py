@@ -78,9 +78,18 @@ def test_a_pair_is_judged_on_its_ratio_within_twenty_percent(simulated, publishe
     assert published.pair_verdict(simulated, published_ratio) == expected
 
 
-def test_heldout_prints_the_held_out_runs_and_pairs_only(monkeypatch, capsys):
+def paper(ablation: str, simulated: float, target: float, ok: bool | None) -> dict:
+    return {"ablation": ablation, "schedule": f"oppo-{ablation}", "simulated": simulated, "paper": target,
+            "rel": simulated / target, "ok": ok}
+
+
+PAPER_ROWS = [paper("intra", 1.07, 1.2, None), paper("inter", 1.33, 1.6, True), paper("both", 1.45, 1.9, False)]
+
+
+def test_heldout_prints_the_held_out_runs_pairs_and_paper_ablations_only(monkeypatch, capsys):
     step = {"published-verl-dapo-7b-16xh20": 1000.0, "published-verl-dapo-7b-16xh20-onestep": 1090.0}
     monkeypatch.setattr(published, "simulate", lambda cfg: fake_row(cfg, step.get(cfg.name, cfg.published.step_s)))
+    monkeypatch.setattr(published, "paper_rows", lambda name: PAPER_ROWS)
     assert published.main(["--heldout"]) == 0
     out = capsys.readouterr().out
     assert "HELD-OUT SET" in out and "FITTED SET" not in out
@@ -88,10 +97,14 @@ def test_heldout_prints_the_held_out_runs_and_pairs_only(monkeypatch, capsys):
     pair = next(line for line in out.splitlines() if line.startswith("verl one-step-off, FSDP2"))
     assert "1.09" in pair and "0.69" in pair and "MISS: too slow" in pair  # 1090 / 1000 against 520 / 749
     assert "found, not modelled: verl fully_async_policy" in out
+    both = [line for line in out.splitlines() if line.startswith("paper-") and " both " in line]
+    assert len(both) == 2 and all("MISS: too low" in line for line in both)  # 1.45 / 1.9 = 0.76
+    assert "2 of 4 decided rows within ±20%" in out  # intra has no verdict in either preset
 
 
 def test_the_default_table_names_the_fitted_set_apart_with_no_verdict(monkeypatch, capsys):
     monkeypatch.setattr(published, "simulate", lambda cfg: fake_row(cfg, cfg.published.step_s))
+    monkeypatch.setattr(published, "paper_rows", lambda name: PAPER_ROWS)
     published.main([])
     out = capsys.readouterr().out
     held, fitted = out.split("FITTED SET")
