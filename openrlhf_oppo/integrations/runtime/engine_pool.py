@@ -214,26 +214,21 @@ class EnginePool:
         --vllm.gpu_memory_utilization. A stalled or dead engine is not retried. `span`: the wake is
         the timeline's driver span "wake" (False: a part of the caller's span, as in the weight sync)."""
         with timeline.RECORDER.timed("driver", "wake") if span else contextlib.nullcontext():
-            try:
-                self._wake_up(tags, phase)
-            except (Stalled, ray.exceptions.RayActorError):
-                raise
-            except Exception as first:
-                logger.warning("OPPO: the vLLM engines could not wake for %s (%r); emptying the CUDA caches of "
-                               "the models beside them and trying once more", phase, first)
-                self._get(self.empty_caches(), "the models' CUDA caches to empty (before a wake is retried)")
+            for attempt in (1, 2):
                 try:
                     self._wake_up(tags, phase)
+                    return
                 except (Stalled, ray.exceptions.RayActorError):
                     raise
-                except Exception as second:
-                    raise RuntimeError(self._wake_failed(tags, phase, second)) from second
+                except Exception as error:
+                    if attempt == 2:
+                        raise RuntimeError(self._wake_failed(tags, phase, error)) from error
+                    logger.warning("OPPO: the vLLM engines could not wake for %s (%r); emptying the CUDA caches "
+                                   "of the models beside them and trying once more", phase, error)
+                    self._get(self.empty_caches(), "the models' CUDA caches to empty (before a wake is retried)")
 
     def _wake_up(self, tags: list[str] | None, phase: str) -> None:
-        if tags is None:
-            refs = [e.wake_up.remote() for e in self.engines]
-        else:
-            refs = [e.wake_up.remote(tags=tags) for e in self.engines]
+        refs = [e.wake_up.remote(tags=tags) for e in self.engines]  # OpenRLHF's: None wakes everything
         self._get(refs, f"the engines' wake ({', '.join(tags or ['weights', 'kv_cache'])}) for {phase}")
 
     def _wake_failed(self, tags: list[str] | None, phase: str, error: BaseException) -> str:
