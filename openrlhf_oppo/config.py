@@ -26,6 +26,7 @@ DELTA_RULES = ("system", "eq4", "alg1")
 CORRECTIONS = ("auto", "none", "tis", "icepop")  # staleness.correction
 SYNC_BUFFERS = ("device", "host", "shards")  # staleness.background_sync_buffer
 CARRIED_IN_TRAINING = ("auto", "decode", "hold")  # staleness.carried_in_training
+OLD_LOGPROBS = ("rollout", "recompute")  # train.old_logprobs
 # staleness.correction 'auto' under async admission: on the learn task no correction beat another or none
 # beyond the seed spread (docs/evidence.md#time-to-reward-and-learning); TIS, OpenRLHF's token-level
 # clip, is the conservative pick
@@ -324,11 +325,33 @@ class TrainConfig:
         "Python loop over the response positions of each make_experience micro-batch, which runs in the "
         "trainer's process while the training devices wait; the same values to float rounding.",
     )
+    old_logprobs: str = _f(
+        "rollout",
+        "PPO's old log-probs (the ratio's anchor and the KL-in-reward term's policy side): 'rollout' takes a "
+        "sample's rollout log-probs where every token of it was decoded by the weights the actor holds when "
+        "experience is made (exact up to inference numerics: OpenRLHF computes old log-probs once, before any "
+        "update) and sends only samples holding older tokens (carried, admitted early) through the actor's "
+        "forward; 'recompute': OpenRLHF's forward over every sample. 'rollout' asks vLLM for processed "
+        "(temperature-scaled) log-probs and falls back to 'recompute', with a start-up warning, under "
+        "--rollout.top_p < 1, --rollout.top_k > 0 or --train.agent_func_path.",
+        choices=OLD_LOGPROBS,
+    )
+    old_logprobs_audit_steps: int = _f(
+        10,
+        "With old_logprobs 'rollout': every N-th step (the first included) sends every sample through the "
+        "actor's forward anyway and reports how far the rollout log-probs of the fresh ones lie from it "
+        "(oppo/old_logprobs/mismatch_kl, OpenRLHF's vllm_kl: the mean of rollout minus recomputed); 0: never.",
+    )
 
     def validate(self) -> None:
         for name in ("length_buckets", "vectorized_advantages"):
             value = getattr(self, name)
             _require(isinstance(value, bool), f"train.{name}", "true or false", value)
+        _require(self.old_logprobs in OLD_LOGPROBS, "train.old_logprobs",
+                 "one of " + ", ".join(map(repr, OLD_LOGPROBS)), self.old_logprobs)
+        steps = self.old_logprobs_audit_steps
+        _require(isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0,
+                 "train.old_logprobs_audit_steps", "an integer >= 0", steps)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,11 @@ TOUCH_POINTS: tuple[Touch, ...] = (
     # the streamed reference log-probs in place of the reference group's forward
     _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker._dispatch_forward", "wrapped",
        "integrations.runtime.reference"),
+    # old log-probs from the rollout for samples the current weights decoded (--oppo.train.old_logprobs)
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker._dispatch_forward", "wrapped",
+       "integrations.runtime.old_logprobs"),
+    _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker._flatten_results", "wrapped",
+       "integrations.runtime.old_logprobs"),
     # experience making's micro-batches cut by length (--oppo.train.length_buckets)
     _T("openrlhf.trainer.ppo_utils.experience_maker.RemoteExperienceMaker.split_rollout_samples", "wrapped",
        "integrations.runtime.micro_batches"),

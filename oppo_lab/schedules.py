@@ -11,11 +11,15 @@ so that `python -m oppo_lab train|schedules` and the simulator accept them besid
                 --train.colocate_all --train.async_enable the reward model shares the DeepSpeed
                 models' GPUs, as in OpenRLHF's async mode (oppo-async-bg without the background sync)
     oppo-eq4    OPPO with the paper's eq. 4 Δ rule (reward slope) instead of the system rule
-    oppo-off    OPPO with Δ = 0, streaming, length buckets and vectorized advantages off:
-                synchronous PPO through OPPO's machinery (what it costs with nothing to overlap)
-    oppo-padded OPPO with length buckets and vectorized advantages off (--oppo.train.*): OpenRLHF's
-                shuffled micro-batches and advantage loop, so its gain over OpenRLHF's modes is the
-                overlap alone
+    oppo-off    OPPO with Δ = 0, streaming, length buckets, vectorized advantages and rollout old
+                log-probs off: synchronous PPO through OPPO's machinery (what it costs with nothing to
+                overlap)
+    oppo-padded OPPO with length buckets, vectorized advantages and rollout old log-probs off
+                (--oppo.train.*): OpenRLHF's shuffled micro-batches, advantage loop and old-log-prob
+                forward, so its gain over OpenRLHF's modes is the overlap alone
+    oppo-recompute
+                OPPO with the actor's old-log-prob forward over every sample (--oppo.train.old_logprobs
+                recompute), as OpenRLHF makes experience: what taking fresh samples' rollout log-probs buys
     oppo-fixed  OPPO with Δ fixed at delta.init (first B of B+Δ with a constant pool, as
                 other frameworks ship it): the adaptive Δ's baseline
     oppo-intra  OPPO with Δ = 0: streaming only
@@ -26,6 +30,9 @@ from __future__ import annotations
 
 from openrlhf_oppo.config import ASYNC_POLICY_LAG
 from openrlhf_oppo.integrations.launch.schedules import OPPO_ENTRY, Schedule, all_schedules, register
+
+# OpenRLHF's own micro-batches, advantage loop and old-log-prob forward (--oppo.train.*)
+OPENRLHFS_EXPERIENCE = {"length_buckets": False, "vectorized_advantages": False, "old_logprobs": "recompute"}
 
 ABLATIONS: tuple[Schedule, ...] = (
         Schedule("oppo-decode", "OPPO with carried groups decoding while the trainer trains, also where they share "
@@ -41,9 +48,11 @@ ABLATIONS: tuple[Schedule, ...] = (
         Schedule("oppo-off", "OPPO with Δ = 0, streaming, length buckets and vectorized advantages off: its machinery, "
                  "nothing to overlap",
                  entry_module=OPPO_ENTRY, oppo={"delta": {"enable": False}, "streaming": {"enable": False},
-                                                "train": {"length_buckets": False, "vectorized_advantages": False}}),
-        Schedule("oppo-padded", "OPPO with OpenRLHF's micro-batches and advantage loop: the overlap alone",
-                 entry_module=OPPO_ENTRY, oppo={"train": {"length_buckets": False, "vectorized_advantages": False}}),
+                                                "train": OPENRLHFS_EXPERIENCE}),
+        Schedule("oppo-padded", "OPPO with OpenRLHF's micro-batches, advantage loop and old-log-prob forward: the "
+                 "overlap alone", entry_module=OPPO_ENTRY, oppo={"train": OPENRLHFS_EXPERIENCE}),
+        Schedule("oppo-recompute", "OPPO with the actor's old-log-prob forward over every sample, as OpenRLHF makes "
+                 "experience", entry_module=OPPO_ENTRY, oppo={"train": {"old_logprobs": "recompute"}}),
         Schedule("oppo-fixed", "OPPO with a fixed Δ = delta.init (first B of B+Δ, as a saturated pool)",
                  entry_module=OPPO_ENTRY, oppo={"delta": {"adaptive": False}}),
         Schedule("oppo-intra", "OPPO intra-step streaming only (Δ = 0)", entry_module=OPPO_ENTRY,

@@ -30,9 +30,9 @@ batch, the batch awaiting training) is one `StepState`, changed at the four even
 The generator orchestrates; `trainer.build_samples_generator` hands in its collaborators: the
 `EnginePool` (placement, starts, polls, aborts, pause/resume), the `Scorers` (chunks to the scorer
 actors, in-order acks, restarts) and the `StepMeter` (`oppo/*` metrics); `openrlhf_executor`
-holds what mirrors OpenRLHF's executor. Per-token policy versions (and rollout logprobs, when an
-importance-sampling correction uses them) are recorded; OpenRLHF computes old logprobs, values
-(and reference logprobs, unless streamed) on the full sequences at training time.
+holds what mirrors OpenRLHF's executor. Per-token policy versions and rollout logprobs are recorded;
+OpenRLHF computes values (and reference logprobs, unless streamed) on the full sequences at training
+time, and old logprobs for the samples holding tokens of older weights (`old_logprobs`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
 from openrlhf_oppo.core import OverlapScheduler, StepPlan, StepReport, StepStats, TrainBatch
-from openrlhf_oppo.integrations.runtime import openrlhf_executor, reference, timeline_hooks
+from openrlhf_oppo.integrations.runtime import old_logprobs, openrlhf_executor, reference, timeline_hooks
 from openrlhf_oppo.integrations.runtime.deltas import SampleDelta, SampleRequest
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.log import get_logger
@@ -77,7 +77,14 @@ class OppoSamplesGenerator(SamplesGenerator):
         # "stream": OPPO's reward actors prefill chunks and supply the rewards; "rule": the engines score each
         # sample with --reward.remote_url the moment it finishes; "batch": OpenRLHF's reward forward.
         self.reward_mode = reward_mode(self.args, oppo)
-        self.record_logprobs = self.args.algo.advantage.is_correction_level != "off"  # recorded only when used
+        self.correction_logprobs = self.args.algo.advantage.is_correction_level != "off"  # in the experiences
+        # old log-probs from the rollout for samples the current weights decoded (`old_logprobs`)
+        self.old_logprobs_from_rollout, fallback = old_logprobs.resolve(oppo.train.old_logprobs, self.args)
+        if fallback:
+            log.warning(fallback)
+        self.record_logprobs = self.correction_logprobs or self.old_logprobs_from_rollout  # recorded only when used
+        # the open batch's fresh samples' action log-probs by tokens; None: some stale sample holds the tokens
+        self.rollout_logprobs: dict[tuple[int, ...], torch.Tensor | None] = {}
         self.detokenize = engine_text_needed(self.args)  # vLLM's text: read by an agent only
         self.scheduler = scheduler
         self.engines = engines
@@ -363,6 +370,7 @@ class OppoSamplesGenerator(SamplesGenerator):
         groups = sorted(batch.groups, key=lambda g: g.prompt_index)
         sample_ids = [s.sample_id for g in groups for s in g.samples]
         self.reference_logprobs.clear()
+        self.rollout_logprobs.clear()
         experiences = [self._experience(g, s, generate_kwargs) for g in groups for s in g.samples]
         rollouts = run_env.path(run_env.ROLLOUTS_JSONL)
         if rollouts:
@@ -378,10 +386,12 @@ class OppoSamplesGenerator(SamplesGenerator):
         if reward is not None and not math.isfinite(reward):
             raise ValueError(f"OPPO step {self.step}: the reward of sample {sid} (group {group.group_id}, "
                              f"{len(sample.token_ids)} response tokens) is {reward}; refusing to train on it")
-        response = openrlhf_executor.response(prompt, label, prompt_ids, sample, scored, self.record_logprobs)
+        response = openrlhf_executor.response(prompt, label, prompt_ids, sample, scored, self.correction_logprobs)
         exp = self._process_response_into_experience(response, **generate_kwargs)
         if self.scorers.reference.actors:  # read by `reference.streamed_reference_forward`
             reference.keep(self.reference_logprobs, exp, self.scorers.reference.scores[sid])
+        if self.old_logprobs_from_rollout:  # read by `old_logprobs.OldLogprobs`
+            old_logprobs.keep(self.rollout_logprobs, exp, sample, self.step)
         return exp
 
     def _scored(self, sample_id: int) -> dict:

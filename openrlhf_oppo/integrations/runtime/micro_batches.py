@@ -21,12 +21,10 @@ Installed by the site hook in the actor and critic processes of an OPPO run
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 
-from openrlhf_oppo import config as oppo_config
-from openrlhf_oppo import run_env
 from openrlhf_oppo.hooks import Patch
+from openrlhf_oppo.integrations.runtime.run_config import config_or_none
 from openrlhf_oppo.upstream import OPENRLHF_VERSION
 
 # the share of the padded training tokens a window's buckets saved: OpenRLHF's actor logs every
@@ -37,8 +35,8 @@ EXPERIENCE_PADDING_SAVED = "oppo/experience_padding_saved"  # the same for exper
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     """The run is OPPO's (its config is in the environment) and asks for length buckets."""
-    raw = run_env.config_json(environ)
-    return raw is not None and oppo_config.from_dict(json.loads(raw)).train.length_buckets
+    config = config_or_none(environ)
+    return config is not None and config.train.length_buckets
 
 
 def regroup(batches: Iterable[list[int]], lengths: list[int], window: int) -> Iterator[tuple[list, list]]:

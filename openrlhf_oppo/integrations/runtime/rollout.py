@@ -29,10 +29,17 @@ from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 from openrlhf_oppo import timeline
 from openrlhf_oppo.integrations.runtime import worker_ext
 from openrlhf_oppo.integrations.runtime.deltas import Outbox, SampleDelta, SampleRequest
+from openrlhf_oppo.integrations.runtime.run_config import config_or_none
 from openrlhf_oppo.upstream import unwrap_ray_actor
 
 _BASE = unwrap_ray_actor(_vllm_engine.RolloutRayActor)
 __all__ = ["OppoRolloutActor", "OppoRolloutRayActor", "SampleDelta", "SampleRequest"]
+
+
+def rollout_old_logprobs() -> bool:
+    """The run's config (in the environment) takes old log-probs from the rollout (`--oppo.train.old_logprobs`)."""
+    config = config_or_none()
+    return config is not None and config.train.old_logprobs == "rollout"
 
 
 class OppoRolloutActor(_BASE):
@@ -41,6 +48,10 @@ class OppoRolloutActor(_BASE):
     async def __init__(self, *args, **kwargs):
         if kwargs.get("worker_extension_cls") == worker_ext.OPENRLHF_WORKER:  # plus a sharded sync's receiver
             kwargs["worker_extension_cls"] = worker_ext.OPPO_WORKER
+        if not kwargs.get("logprobs_mode") and rollout_old_logprobs():
+            # old log-probs from the rollout (`old_logprobs`): the temperature-scaled distribution's, as
+            # OpenRLHF asks for them when its importance-sampling correction reads them
+            kwargs.update(logprobs_mode="processed_logprobs", max_logprobs=1)
         await super().__init__(*args, **kwargs)
         self._shards: dict[int, list] = {}  # a CPU sharded sync's partitions by actor rank, until all came
         self._outbox = Outbox()

@@ -8,6 +8,7 @@ it imports none of them (so none of them imports another for a setting).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from openrlhf_oppo import config as oppo_config
 from openrlhf_oppo import run_env
@@ -16,11 +17,17 @@ SCORER_RESTARTS = 3  # Ray restarts a dead reward actor this often (the reward d
 
 
 def config_from_env() -> oppo_config.OppoConfig:
-    raw = run_env.config_json()
-    if raw is None:
+    config = config_or_none()
+    if config is None:
         raise RuntimeError(
             f"{run_env.CONFIG_JSON} is not set: launch OPPO with `python -m openrlhf_oppo.cli.train_ppo_ray`")
-    return oppo_config.from_dict(json.loads(raw))
+    return config
+
+
+def config_or_none(environ: Mapping[str, str] | None = None) -> oppo_config.OppoConfig | None:
+    """The config the launcher put in the environment (`environ`, default the process's); None outside an OPPO run."""
+    raw = run_env.config_json(environ)
+    return None if raw is None else oppo_config.from_dict(json.loads(raw))
 
 
 def reward_mode(args, oppo: oppo_config.OppoConfig) -> str:

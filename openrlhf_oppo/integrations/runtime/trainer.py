@@ -19,6 +19,8 @@ runs; each is looked up by name at call time there (`RolloutRayActor` by
      Δ, C; prompt-stream position; the ledger of trained groups) in OpenRLHF's
      checkpoint `client_states`,
    - computes advantages and returns in whole-tensor operations and times that step (`advantages`),
+   - takes old log-probs from the rollout for samples the current weights decoded, the actor's forward
+     for the rest (`old_logprobs`),
    - refuses to train on NaN/inf values, rewards, log-probs or losses, or on a
      response without tokens (`guards`), naming the step and samples.
 2. `openrlhf.trainer.ray.vllm_engine.RolloutRayActor` -> `OppoRolloutRayActor`.
@@ -50,7 +52,7 @@ from openrlhf.trainer.ray import vllm_engine as _vllm_engine
 from openrlhf_oppo import run_env, timeline
 from openrlhf_oppo.config import ASYNC_POLICY_LAG
 from openrlhf_oppo.core import OverlapScheduler
-from openrlhf_oppo.integrations.runtime import advantages, background_sync, faults, guards, micro_batches
+from openrlhf_oppo.integrations.runtime import advantages, background_sync, faults, guards, micro_batches, old_logprobs
 from openrlhf_oppo.integrations.runtime.engine_pool import EnginePool
 from openrlhf_oppo.integrations.runtime.generator import OppoSamplesGenerator
 from openrlhf_oppo.integrations.runtime.log import get_logger
@@ -159,6 +161,12 @@ class OppoPPOTrainerImpl(_BASE):
             return experiences
 
         self.experience_maker.make_experience_batch = checked_experience_batch
+        gen = self.samples_generator
+        self.old_logprobs = None
+        if gen.old_logprobs_from_rollout:
+            audit = gen.oppo.train.old_logprobs_audit_steps
+            self.old_logprobs = old_logprobs.OldLogprobs(self.experience_maker, gen.rollout_logprobs,
+                                                         audit_due=lambda: bool(audit) and gen.step % audit == 0)
         if self.samples_generator.oppo.train.length_buckets:
             self.experience_padding = micro_batches.bucket_experience_making(self.experience_maker)
         else:
@@ -212,7 +220,7 @@ class OppoPPOTrainerImpl(_BASE):
         guards.check_losses(status, self.samples_generator.step)
         # the batch's rewards exist only now (OpenRLHF's reward forward when not streaming)
         status.update(self.samples_generator.finish_step(status["rollout/reward_mean"]), **self.experience_padding,
-                      **self.advantage_time)
+                      **self.advantage_time, **(self.old_logprobs.take_stats() if self.old_logprobs else {}))
         path = run_env.path(run_env.METRICS_JSONL)
         if path:
             row = {"global_step": step, **{k: v for k, v in status.items() if isinstance(v, (int, float))}}
