@@ -333,7 +333,7 @@ class TrainConfig:
         "update) and sends only samples holding older tokens (carried, admitted early) through the actor's "
         "forward; 'recompute': OpenRLHF's forward over every sample. 'rollout' asks vLLM for processed "
         "(temperature-scaled) log-probs and falls back to 'recompute', with a start-up warning, under "
-        "--rollout.top_p < 1, --rollout.top_k > 0 or --train.agent_func_path.",
+        "--rollout.top_p < 1.",
         choices=OLD_LOGPROBS,
     )
     old_logprobs_audit_steps: int = _f(

@@ -13,7 +13,9 @@ Every run prints each schedule's version budget (the most policy versions a trai
 `drivers.version_budget`) beside its measured lags, and OPPO's fastest schedule against OpenRLHF's
 fastest at each equal budget. With `--best-layout` also OpenRLHF's async trainer with OPPO's sync
 transport where OPPO's fastest syncs in the background ("same transport", beside "as shipped"), and a
-band on every ratio over the assumed constants (`openrlhf_oppo.sim.bands`; `--no-band` skips it).
+band on every ratio over the assumed constants (`openrlhf_oppo.sim.bands`; `--no-band` skips it). Where
+OPPO takes old log-probs from the rollout (`train.old_logprobs`, its default), every OpenRLHF mode is
+also run with that cut ("same cut"): the gain that is OPPO's own is the ratio against that row.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", required=True, help=f"one of {', '.join(presets.preset_names())}, or a YAML path")
     p.add_argument("--set", dest="sets", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                    help="edit the preset (e.g. workload.batch_groups=64 hardware=h100 delta.max=8); an OPPO key "
-                        "(delta.*, chunk.*, staleness.*, streaming.*) applies to every OPPO schedule, over the "
-                        "schedule's own setting (staleness.max_policy_lag=3 makes oppo-async-bg's lag 3)")
+                        "(delta.*, chunk.*, staleness.*, streaming.*, train.*) applies to every OPPO schedule, over "
+                        "the schedule's own setting (staleness.max_policy_lag=3 makes oppo-async-bg's lag 3)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="simulate once per value (several --sweep flags are zipped); writes a PNG")
     p.add_argument("--schedules", nargs="+", default=None,
@@ -94,6 +96,7 @@ def main(argv: list[str]) -> int:
         band_seeds = None
         if args.best_layout:
             report.add_same_transport(sim)
+        report.add_same_cut(sim)
         sim.compared = report.equal_budget(sim)
         if args.best_layout and not args.no_band:
             if args.band_seeds < 1:

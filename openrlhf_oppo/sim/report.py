@@ -21,6 +21,7 @@ from openrlhf_oppo.sim import costs as cost_model
 from openrlhf_oppo.sim import layouts, memory
 from openrlhf_oppo.sim.drivers import (
     BASELINES,
+    CUT,
     SAME_TRANSPORT,
     RunResult,
     schedule_names,
@@ -29,7 +30,7 @@ from openrlhf_oppo.sim.drivers import (
     summarize,
     version_budget,
 )
-from openrlhf_oppo.sim.presets import SimConfig
+from openrlhf_oppo.sim.presets import SimConfig, schedule_oppo
 
 NAME_W = 17  # the printed tables' schedule column: room for registered schedules' longer names too
 ABLATIONS = (("intra", "oppo-intra"), ("inter", "oppo-inter"), ("both", "oppo"))
@@ -264,15 +265,17 @@ def equal_budget(sim: Simulated) -> list[Comparison]:
     b = budgets(sim)
     oppo = [s for s in sim.runs if s not in BASELINES]
     shipped = [s for s in sim.runs if s in BASELINES]
+    given = {"same transport": [s for s in sim.beside if s == SAME_TRANSPORT],
+             "same cut": [s for s in sim.beside if s.endswith(CUT)]}
     rows = []
     for level in sorted({b[s] for s in oppo}):
         x = min((s for s in oppo if b[s] <= level), key=lambda s: step_s(sim, s))
-        for label, pool in (("as shipped", shipped), ("same transport", [*shipped, *sim.beside])):
-            ys = [s for s in pool if b[s] <= level]
+        for label, extra in (("as shipped", []), *given.items()):
+            ys = [s for s in [*shipped, *extra] if b[s] <= level]
             if not ys:
                 continue
             y = min(ys, key=lambda s: step_s(sim, s))
-            if label == "same transport" and y not in sim.beside:
+            if label != "as shipped" and y not in extra:
                 continue
             rows.append(Comparison(level, x, y, _ratios(sim, y, x), label))
     return rows
@@ -321,6 +324,24 @@ def add_same_transport(sim: Simulated) -> str | None:
     return SAME_TRANSPORT
 
 
+def add_same_cut(sim: Simulated) -> list[str]:
+    """Where an OPPO schedule takes old log-probs from the rollout (`train.old_logprobs`), every OpenRLHF mode
+    simulated with the same cut (`drivers.CUT`), in its layout, every seed: what OpenRLHF could do with it.
+    Their names."""
+    if not any(s not in BASELINES and schedule_oppo(c, s).train.old_logprobs == "rollout"
+               for s, c in sim.layouts.items()):
+        return []
+    names = []
+    for s in [s for s in sim.runs if s in BASELINES]:
+        cfg = sim.layouts[s]
+        w = cfg.workload
+        costs = cost_model.build(cfg)
+        sums = [summarize(simulate(cfg, costs, s + CUT, w.seed + k), w.warmup_steps) for k in range(w.seeds)]
+        sim.beside[s + CUT] = (cfg, sums)
+        names.append(s + CUT)
+    return names
+
+
 def add_bands(sim: Simulated, rows: list[Comparison], seeds: int = 1) -> None:
     """Each row's band (`sim.bands`), its schedules in their layouts."""
     where = {**sim.layouts, **{s: c for s, (c, _) in sim.beside.items()}}
@@ -352,7 +373,9 @@ def print_budgets(sim: Simulated) -> None:
           "lag 0, min(max_policy_lag, max_deferral_steps + 1) with async admission; 0 / 1 without carry-over); "
           "measured after warm-up: the largest lag over seeds, each lag's share of trained tokens (median over seeds)"
           + (f"; {SAME_TRANSPORT}: OpenRLHF's async with OPPO's sync transport, not its shipped code "
-             "(every seed, its lags not recorded)" if sim.beside else ""))
+             "(every seed, its lags not recorded)" if SAME_TRANSPORT in sim.beside else "")
+          + ("; +cut: an OpenRLHF mode with OPPO's old-log-prob cut (every seed, its lags not recorded)"
+             if any(s.endswith(CUT) for s in sim.beside) else ""))
 
 
 def print_equal_budget(sim: Simulated, rows: list[Comparison], band_seeds: int | None = None) -> None:
@@ -374,7 +397,9 @@ def print_equal_budget(sim: Simulated, rows: list[Comparison], band_seeds: int |
               f"{step_s(sim, r.openrlhf):>7.2f}  {r.openrlhf_as:<14} {spread:>22}  {band}")
     print("*: the budget of OPPO's fastest schedule (the headline). ratio: OpenRLHF's mean step / OPPO's, seed by "
           "seed, median [min-max]; 'same transport': OpenRLHF's best with its async trainer given OPPO's background "
-          "sync and its buffer (staleness.background_sync_buffer) beside the shipped modes")
+          "sync and its buffer (staleness.background_sync_buffer) beside the shipped modes; 'same cut': OpenRLHF's "
+          "best with OPPO's old-log-prob cut (+cut: the actor's forward only for samples holding a token older than "
+          "the weights that train them, train.old_logprobs) beside the shipped modes")
     if band_seeds is not None:
         ranges = ", ".join(f"{c.key.split('.', 1)[1]} {c.low:g}-{c.high:g}" for c in band_model.CONSTANTS)
         print(f"band: the lowest and highest ratio with each assumed constant at its low and high, one at a time "

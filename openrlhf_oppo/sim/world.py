@@ -95,6 +95,9 @@ class World:
         self.version = 0  # weight syncs so far
         self.streamer = None  # OPPO's streamed make_experience forwards (sim.streamer), if any
         self.length_buckets = False  # micro-batches grouped by length (OPPO's train.length_buckets)
+        # make_experience's old-log-prob forward for stale samples only, fresh ones taking their rollout
+        # log-probs (OPPO's train.old_logprobs 'rollout'; an OpenRLHF mode's "same cut" row)
+        self.rollout_old_logprobs = False
         self.vectorized_advantages = False  # OPPO's train.vectorized_advantages, else OpenRLHF's loop
         self._issued: tuple[float, list[Request]] = (-1.0, [])  # (time, requests made then): about to decode
 
@@ -129,6 +132,14 @@ class World:
         p = self.cfg.lengths.prompt_tokens
         w = self.cfg.workload
         return padded_tokens([p + n for n in lengths], w.micro_batch_size, w.packing, buckets)
+
+    def old_logprobs_left(self, lengths: list[int], fresh: list[bool]) -> dict[str, int]:
+        """With `rollout_old_logprobs`: {"old_logprobs": the padded tokens of the samples not `fresh`}, what the
+        old-log-prob forward still has to do (`experience_and_train`'s `streamed`); {} without the cut."""
+        if not self.rollout_old_logprobs:
+            return {}
+        stale = [n for n, f in zip(lengths, fresh, strict=True) if not f]
+        return {"old_logprobs": self.train_tokens(stale, self.length_buckets) if stale else 0}
 
     def advantages_s(self, lengths: list[int]) -> float:
         """The trainer's advantage step over make_experience's micro-batches of these responses: a

@@ -104,6 +104,38 @@ def test_carried_samples_keep_their_tokens_and_their_policy_versions(oppo_run):
         assert versions == sorted(versions) and max(versions, default=0) <= step
 
 
+MISMATCH_ABS = 0.05  # mean |rollout - recomputed| log-prob of a fresh token: vLLM's CPU kernels against the actor's
+
+
+@pytest.mark.parametrize("fixture", ["oppo_run", "megatron_run"])
+def test_old_log_probs_come_from_the_rollout_exactly_for_samples_the_trained_weights_decoded(request, fixture):
+    """`--oppo.train.old_logprobs rollout` (the default), on DeepSpeed in the hybrid engine (carried requests
+    re-prefilled after the wake) and on Megatron at TP 2: a sample takes its rollout log-probs when every
+    token is the step's policy version and no stale sample of the batch holds the same tokens; the rest go
+    through the actor's forward (one data-parallel rank in both runs: nothing recomputed to fill a rank).
+    The first step is audited: every sample recomputed, and the rollout log-probs (vLLM's CPU kernels)
+    within MISMATCH_ABS of the actor's forward (the DeepSpeed or Megatron model) on average."""
+    run = request.getfixturevalue(fixture)
+    metrics, trace = _metrics(run), run.trace()
+    assert len(metrics) == len(trace) >= 4
+    skipped = 0
+    for m, row in zip(metrics, trace):
+        samples = [(tuple(g["prompt_ids"] + s["tokens"]), set(s["versions"]) == {row["step"]})
+                   for g in row["trained"] for s in g["samples"]]
+        stale = {k for k, fresh in samples if not fresh}
+        fresh_share = sum(fresh and k not in stale for k, fresh in samples) / len(samples)
+        assert m["oppo/old_logprobs/fresh_share"] == pytest.approx(fresh_share), row["step"]
+        if row["step"] == 0:  # audited (--oppo.train.old_logprobs_audit_steps 10): every sample recomputed
+            assert fresh_share == 1.0 and m["oppo/old_logprobs/recomputed_share"] == 1.0
+            assert m["oppo/old_logprobs/mismatch_abs"] < MISMATCH_ABS, m
+            assert abs(m["oppo/old_logprobs/mismatch_kl"]) <= m["oppo/old_logprobs/mismatch_abs"]
+        else:
+            assert "oppo/old_logprobs/mismatch_abs" not in m
+            assert m["oppo/old_logprobs/recomputed_share"] == pytest.approx(1.0 - fresh_share), row["step"]
+            skipped += fresh_share > 0
+    assert skipped, "no step after the first took a fresh sample's rollout log-probs"
+
+
 def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run, hub_reward):
     """The reward actors prefilled chunk by chunk (the reward model named by a hub id, loaded with
     --ds.attn_implementation eager); OpenRLHF's own reward model class, loaded from the same
@@ -143,8 +175,10 @@ def test_streamed_rewards_equal_openrlhfs_one_shot_reward_forward(oppo_run, hub_
 # as the `sync_run` fixture's baseline: seeded requests and prompt order (integrations.runtime.seeding); OpenRLHF's
 # shuffled micro-batches (length buckets change the summation order of the same gradient, and the logged losses) and
 # its advantage loop (the whole-tensor GAE equals it to float rounding: the next step's weights, and samples, would not)
+# OPPO's machinery doing what sync does: OpenRLHF's micro-batches, advantage loop and old-log-prob forward
 SYNC_LIKE = ("--oppo.delta.enable", "false", "--oppo.streaming.enable", "false", "--oppo.train.length_buckets", "false",
-             "--oppo.train.vectorized_advantages", "false", "--train.full_determinism_enable")
+             "--oppo.train.vectorized_advantages", "false", "--oppo.train.old_logprobs", "recompute",
+             "--train.full_determinism_enable")
 
 
 def _rollouts(run) -> list[dict]:

@@ -73,15 +73,18 @@ def test_the_event_loop_refuses_an_event_in_the_past():
         loop.run(lambda: False)
 
 
+@pytest.mark.parametrize("old_logprobs,openrlhf", [("recompute", "sync"), ("rollout", "sync" + drivers.CUT)])
 @pytest.mark.parametrize("preset", ["cpu-longtail", "paper-7b-h200"])
-def test_delta_zero_without_streaming_gives_exactly_the_sync_schedules_batches(preset):
+def test_delta_zero_without_streaming_gives_exactly_the_sync_schedules_batches(preset, old_logprobs, openrlhf):
     # packed training: without packing the padding depends on the order of a batch's samples
-    # (OPPO hands them over in completion order), not on which samples it holds
-    sets = ["delta.enable=false", "streaming.enable=false", "workload.packing=true"]
+    # (OPPO hands them over in completion order), not on which samples it holds; OPPO's old-log-prob
+    # cut against sync with the same cut
+    sets = ["delta.enable=false", "streaming.enable=false", "workload.packing=true",
+            f"train.old_logprobs={old_logprobs}"]
     if preset != "cpu-longtail":
         sets += ["workload.batch_groups=24", "delta.max=24"]
     cfg, costs = small(*sets, preset=preset)
-    sync = drivers.simulate(cfg, costs, "sync", seed=5)
+    sync = drivers.simulate(cfg, costs, openrlhf, seed=5)
     oppo = drivers.OppoDriver(cfg, costs, 5, "oppo").run()
     assert [r.prompt_indices for r in oppo.steps] == [r.prompt_indices for r in sync.steps]
     assert [r.tokens for r in oppo.steps] == [r.tokens for r in sync.steps]

@@ -16,8 +16,8 @@ What is exact, and what is not:
   weights at `make_experience` are that version, and the engines' prefix cache is reset at each
   sync, so a fresh token attended to nothing older;
 - with `--rollout.top_p` < 1 vLLM's processed log-probs are renormalised over the nucleus, which
-  the actor's forward is not, and a multi-turn agent's environment tokens carry no log-probs:
-  there `resolve` falls back to the forward for every sample, with a start-up warning;
+  the actor's forward is not: there `resolve` falls back to the forward for every sample, with a
+  start-up warning (OPPO refuses a multi-turn agent, whose environment tokens carry none);
 - the mismatch accepted is reported: every `--oppo.train.old_logprobs_audit_steps` steps (the
   first included) every sample goes through the forward and the step reports how far the fresh
   ones' rollout log-probs lie from it (`MISMATCH_KL`: OpenRLHF's `vllm_kl`, the mean of rollout
@@ -55,15 +55,11 @@ def resolve(setting: str, args) -> tuple[bool, str | None]:
     `setting` under OpenRLHF's `args`), and the warning to print when 'rollout' falls back."""
     if setting != "rollout":
         return False, None
-    why = []
-    if getattr(args.rollout, "top_p", 1.0) < 1.0:
-        why.append(f"--rollout.top_p {args.rollout.top_p} (vLLM's log-probs are renormalised over the nucleus)")
-    if getattr(args.train, "agent_func_path", None):
-        why.append("--train.agent_func_path (an agent's environment tokens carry no rollout log-probs)")
-    if not why:
+    if args.rollout.top_p >= 1.0:
         return True, None
-    return False, ("OPPO: --oppo.train.old_logprobs rollout falls back to the actor's forward for every sample "
-                   f"under {' and '.join(why)}; set --oppo.train.old_logprobs recompute to silence this")
+    return False, (f"OPPO: --oppo.train.old_logprobs rollout falls back to the actor's forward for every sample "
+                   f"under --rollout.top_p {args.rollout.top_p} (vLLM's log-probs are renormalised over the "
+                   "nucleus); set --oppo.train.old_logprobs recompute to silence this")
 
 
 def is_fresh(sample: TrainSample, version: int) -> bool:

@@ -8,6 +8,9 @@ shipped code cannot run it) is OpenRLHF's async trainer with OPPO's weight-sync 
 background sync and `staleness.background_sync_buffer`), for the "same transport" comparison.
 OPPO's (`oppo`, `oppo-async`, `oppo-async-bg`, and any registered beside them with
 `integrations.launch.schedules.register`, in `drivers.oppo`) are driven by the real `OverlapScheduler`.
+An OpenRLHF mode's name + `CUT` (`sync+cut`, ...; not in `schedule_names`) runs it with OPPO's
+`train.old_logprobs` cut: make_experience's old-log-prob forward only for samples holding a token
+older than the weights that train them, for the "same cut" comparison.
 `simulate` runs one schedule; `summarize` measures a run.
 """
 
@@ -26,6 +29,7 @@ from openrlhf_oppo.sim.world import RunResult, StepRecord, World
 OVERSAMPLE = {"oversample": 2, "oversample-3b": 3, "oversample-4b": 4}  # schedule -> prompts a vLLM call / B
 BASELINES = ("sync", "async", "partial", *OVERSAMPLE)
 SAME_TRANSPORT = "async+bg"  # OpenRLHF's async trainer with OPPO's sync transport: not OpenRLHF's shipped code
+CUT = "+cut"  # "sync+cut", ...: an OpenRLHF mode with old log-probs from the rollout where exact ("same cut")
 
 
 def _oversampled(k: int):
@@ -49,14 +53,16 @@ def schedule_names() -> tuple[str, ...]:
 
 
 def simulate(cfg: SimConfig, costs: CostModel, schedule: str, seed: int) -> RunResult:
-    """One run of `schedule` with `seed`."""
-    if schedule == "sync":
-        return SyncDriver(cfg, costs, seed).run()
-    if schedule in ("async", "partial", SAME_TRANSPORT, *OVERSAMPLE):
+    """One run of `schedule` with `seed` (an OpenRLHF mode + `CUT`: with OPPO's old-log-prob cut)."""
+    cut = schedule.endswith(CUT) and schedule.removesuffix(CUT) in BASELINES
+    mode = schedule.removesuffix(CUT) if cut else schedule
+    if mode == "sync":
+        return SyncDriver(cfg, costs, seed, cut=cut).run()
+    if mode in ("async", "partial", SAME_TRANSPORT, *OVERSAMPLE):
         b = cfg.workload.batch_groups  # over-sampling: --rollout.vllm_generate_batch_size kB
-        return AsyncDriver(cfg, costs, seed, partial=schedule == "partial",
-                           prompts_per_call=OVERSAMPLE.get(schedule, 1) * b, name=schedule,
-                           background_sync=schedule == SAME_TRANSPORT).run()
+        return AsyncDriver(cfg, costs, seed, partial=mode == "partial",
+                           prompts_per_call=OVERSAMPLE.get(mode, 1) * b, name=schedule,
+                           background_sync=mode == SAME_TRANSPORT, cut=cut).run()
     if is_oppo(schedule):
         return OppoDriver(cfg, costs, seed, schedule).run()
     raise ValueError(f"--schedules: unknown schedule '{schedule}'; allowed: {', '.join(schedule_names())}")
@@ -102,6 +108,8 @@ def version_budget(cfg: SimConfig, schedule: str) -> int:
         OPPO, lag N >= 1    min(N, D + 1) when groups are carried (a group admitted before sync a
                             decodes from a - 1; the core forces any group past N); else 1
     """
+    if schedule.endswith(CUT) and schedule.removesuffix(CUT) in BASELINES:
+        schedule = schedule.removesuffix(CUT)  # the cut changes no token's version
     if schedule == "sync":
         return 0
     if schedule in ("async", "partial", SAME_TRANSPORT):
@@ -156,6 +164,7 @@ def _covered(intervals: list[tuple[float, float]], t0: float, t1: float) -> floa
 
 __all__ = [
     "BASELINES",
+    "CUT",
     "OVERSAMPLE",
     "SAME_TRANSPORT",
     "OpenRLHFRunResult",

@@ -85,6 +85,7 @@ class OppoDriver(World):
         self.streaming = bool(self.sched.scorers)
         self.length_buckets = oppo.train.length_buckets
         self.vectorized_advantages = oppo.train.vectorized_advantages
+        self.rollout_old_logprobs = oppo.train.old_logprobs == "rollout"
         self.reward_streamed = "reward" in self.sched.scorers
         self.ref_actors = None  # OPPO's streaming reference actors (sim.streamer), if the reference streams there
         if "reference" in self.sched.scorers and cfg.projections.reference_actors:
@@ -262,7 +263,13 @@ class OppoDriver(World):
             self.admit(now_s)
         lengths = [s.num_tokens for s in samples]
         ids = [s.sample_id for s in samples]
-        train_end = self.experience_and_train(now_s, lengths, ids, not self.reward_streamed, self._left(ids, lengths))
+        # the batch of step t trains from the weights of t updates: a sample whose every token that version
+        # decoded takes its rollout log-probs (train.old_logprobs 'rollout')
+        cut = self.old_logprobs_left(lengths, [all(v == step for _, v in s.version_runs) for s in samples])
+        left = self._left(ids, lengths)
+        if cut:
+            left = {**(left or {}), **cut}
+        train_end = self.experience_and_train(now_s, lengths, ids, not self.reward_streamed, left)
         self.loop.at(train_end, self.sync_and_adapt, step, batch, stats, report, wait_start_s, now_s)
 
     def _left(self, ids: list[int], lengths: list[int]) -> dict[str, int] | None:

@@ -30,7 +30,7 @@ from openrlhf_oppo.sim.presets.split import Split
 # A package on the file system (a checkout, or an installed wheel) gives a real directory.
 PRESET_DIR = Path(str(resources.files(__name__)))
 CATALOG_KEYS = {"hardware": "hardware.yaml", "actor": "models.yaml", "reward": "models.yaml", "critic": "models.yaml"}
-OPPO_SECTIONS = ("delta", "chunk", "staleness", "streaming")  # `--set delta.max=8` means `oppo.delta.max`
+OPPO_SECTIONS = ("delta", "chunk", "staleness", "streaming", "train")  # `--set delta.max=8` means `oppo.delta.max`
 # Preset values come typed from YAML; a message names the key as `--set` spells it.
 CODEC = settings.Codec(
     leaf="--set {key}:",

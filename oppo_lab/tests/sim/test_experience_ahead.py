@@ -14,8 +14,9 @@ from openrlhf_oppo.sim.streamer import ExperienceAhead
 from openrlhf_oppo.sim.world import World
 from oppo_lab import schedules  # noqa: F401 (registers the ablations)
 
+# the old-log-prob forward over every sample (train.old_logprobs recompute): what the projection takes ahead
 SHORT = ["workload.steps=7", "workload.warmup_steps=2", "workload.seeds=1", "workload.batch_groups=32",
-         "delta.init=8", "delta.max=16"]
+         "delta.init=8", "delta.max=16", "train.old_logprobs=recompute"]
 # a node: 1 vLLM / 3 actor / 3 critic / 1 reward
 OWN = ["split.colocate=false", "split.generate_gpus=1", "split.train_gpus=3", "split.critic_gpus=3",
        "split.score_gpus=1"]

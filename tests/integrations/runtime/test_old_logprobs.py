@@ -266,12 +266,10 @@ def test_recompute_micro_batches_are_sorted_a_multiple_of_the_ranks_and_none_emp
 
 
 def test_resolve_falls_back_to_the_forward_where_rollout_log_probs_are_not_the_actors():
-    def args(top_p=1.0, agent=None):
-        return SimpleNamespace(rollout=SimpleNamespace(top_p=top_p), train=SimpleNamespace(agent_func_path=agent))
+    def args(top_p=1.0):
+        return SimpleNamespace(rollout=SimpleNamespace(top_p=top_p))
 
     assert old_logprobs.resolve("rollout", args()) == (True, None)
     assert old_logprobs.resolve("recompute", args(top_p=0.9)) == (False, None)
     on, warning = old_logprobs.resolve("rollout", args(top_p=0.9))
     assert not on and "--rollout.top_p 0.9" in warning and "--oppo.train.old_logprobs recompute" in warning
-    on, warning = old_logprobs.resolve("rollout", args(agent="agent.py"))
-    assert not on and "--train.agent_func_path" in warning
