@@ -261,21 +261,23 @@ def equal_budget(sim: Simulated) -> list[Comparison]:
     """At each version budget L an OPPO schedule has: OPPO's fastest schedule of budget <= L against
     OpenRLHF's fastest of budget <= L (equal budget: the same most versions a trained token may lag),
     as shipped and, where one was simulated (`add_same_transport`) and is the faster, with OPPO's sync
-    transport (a shipped mode still the faster: the "as shipped" row stands for both)."""
+    transport (a shipped mode still the faster: the "as shipped" row stands for both); and, where the
+    modes were simulated with OPPO's old-log-prob cut (`add_same_cut`), the fastest of them ("same cut")."""
     b = budgets(sim)
     oppo = [s for s in sim.runs if s not in BASELINES]
     shipped = [s for s in sim.runs if s in BASELINES]
-    given = {"same transport": [s for s in sim.beside if s == SAME_TRANSPORT],
-             "same cut": [s for s in sim.beside if s.endswith(CUT)]}
+    transport = [s for s in sim.beside if s == SAME_TRANSPORT]
+    pools = (("as shipped", shipped), ("same transport", [*shipped, *transport]),
+             ("same cut", [s for s in sim.beside if s.endswith(CUT)]))  # every mode with the cut: always a row
     rows = []
     for level in sorted({b[s] for s in oppo}):
         x = min((s for s in oppo if b[s] <= level), key=lambda s: step_s(sim, s))
-        for label, extra in (("as shipped", []), *given.items()):
-            ys = [s for s in [*shipped, *extra] if b[s] <= level]
+        for label, pool in pools:
+            ys = [s for s in pool if b[s] <= level]
             if not ys:
                 continue
             y = min(ys, key=lambda s: step_s(sim, s))
-            if label != "as shipped" and y not in extra:
+            if label == "same transport" and y not in transport:
                 continue
             rows.append(Comparison(level, x, y, _ratios(sim, y, x), label))
     return rows

@@ -19,14 +19,15 @@ def _band_cell(band_: dict | None) -> str:
 def print_report(summary: dict) -> None:
     ref = summary["reference"]
     cols = [("schedule", name_width(r["schedule"] for r in summary["rows"])),
-            ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18),
+            ("runs", 5), ("final reward", 22), (f"vs {ref}", 23), ("time-to-reward s", 18), ("steps", 13),
             (f"x {ref}", 17), ("reached", 7), ("exact match", 19), (f"in {ref} band", 11), ("gain over SFT", 22),
             ("gain in band", 12), ("trained len", 17), ("offpol", 6)]
     widths = [w for _, w in cols]
     print(table_line([name for name, _ in cols], widths))
     for r in summary["rows"]:
         cells = [r["schedule"], r["runs_ok"], fmt(r["final_reward"], ".3f"), fmt(r["final_reward_diff"], "+.3f"),
-                 fmt(r["time_to_reward_s"], ".0f"), fmt(r["x_ref_time_to_reward"], ".2f"), r["reached"],
+                 fmt(r["time_to_reward_s"], ".0f"), fmt(r["steps_to_reward"], ".0f"),
+                 fmt(r["x_ref_time_to_reward"], ".2f"), r["reached"],
                  fmt(r["final_exact_match"], ".2f"),
                  _band_cell(r["within_ref_band"]),
                  fmt(r["final_reward_gain"], "+.3f"), _band_cell(r["gain_within_ref_band"]),
@@ -38,7 +39,8 @@ def print_report(summary: dict) -> None:
           f"Every figure: median over seeds [min-max over seeds]. final reward / exact match: mean of the last "
           f"{window} steps (trained samples); vs {ref}: its final reward minus {ref}'s, seed by seed; "
           f"time-to-reward: seconds from the first rollout to the first step end whose {window}-step moving "
-          f"average reward reaches the threshold; x {ref}: {ref}'s time / this one's, seed by seed (above 1 = "
+          f"average reward reaches the threshold (steps: that step's number); x {ref}: {ref}'s time / this "
+          f"one's, seed by seed (above 1 = "
           f"sooner); reached: seeds that reach it; in {ref} band: the median over seeds of the reward's "
           f"moving average within {ref}'s min-max over seeds at every step (steps inside / steps; a schedule "
           f"that learns exactly as {ref} does falls outside at some steps by chance: at 40 % of them with 3 "
@@ -46,6 +48,23 @@ def print_report(summary: dict) -> None:
           f"(data/sft_baseline.jsonl), last {window} steps: learning, not which prompts the steps drew; gain in "
           f"band: as 'in {ref} band', of that gain; trained len: mean response tokens of every trained sample; "
           f"offpol: mean off-policy token fraction (OPPO)")
+    print_seeds(summary)
+
+
+def print_seeds(summary: dict) -> None:
+    """Time-to-reward seed by seed: seconds (steps) per schedule, '-' where a seed did not reach it."""
+    seeds = sorted({int(k) for r in summary["rows"] for k in r.get("per_seed", {})})
+    if not seeds:
+        return
+    widths = [name_width(r["schedule"] for r in summary["rows"])] + [12] * len(seeds)
+    print(table_line(["time-to-reward", *(f"seed {k}" for k in seeds)], widths))
+    for r in summary["rows"]:
+        cells = [r["schedule"]]
+        for k in seeds:
+            fig = r.get("per_seed", {}).get(str(k), {})
+            t, n = fig.get("time_to_reward_s"), fig.get("steps_to_reward")
+            cells.append("-" if t is None else f"{t:.0f} s ({n})")
+        print(table_line(cells, widths))
 
 
 def plot(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Path]:

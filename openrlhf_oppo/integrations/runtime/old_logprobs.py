@@ -33,6 +33,7 @@ and each micro-batch's rows are filled from the rollout or from the forward.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ from openrlhf_oppo.core import TrainSample
 from openrlhf_oppo.integrations.runtime.reference import action_logprobs, key
 
 __all__ = ["FRESH_SHARE", "MISMATCH_ABS", "MISMATCH_KL", "RECOMPUTED_SHARE", "OldLogprobs", "is_fresh", "keep",
-           "recompute_micro_batches", "resolve"]
+           "recompute_count", "recompute_micro_batches", "resolve"]
 
 RECOMPUTED_SHARE = "oppo/old_logprobs/recomputed_share"  # samples through the actor's forward this step
 FRESH_SHARE = "oppo/old_logprobs/fresh_share"  # samples that can take their rollout log-probs (`keep`)
@@ -83,16 +84,19 @@ def keep(rollout: dict[tuple[int, ...], torch.Tensor | None], experience, sample
     rollout[k] = values
 
 
-def recompute_micro_batches(lengths: list[int], size: int, ranks: int) -> list[list[int]] | None:
-    """The forward's micro-batches for sequences of `lengths`: sorted by length, as many as `size`
-    (OpenRLHF's `--rollout.micro_batch_size`) needs, rounded up to a multiple of `ranks`, sizes as
-    equal as can be; rank r gets the r-th contiguous run (`async_run_method_batch`). None when
-    fewer sequences than ranks: every rank needs one."""
+def recompute_count(sequences: int, size: int, ranks: int) -> int:
+    """Micro-batches the forward takes for `sequences` distinct sequences: as many as `size` (OpenRLHF's
+    `--rollout.micro_batch_size`) needs, rounded up to a multiple of the data-parallel `ranks` (each rank
+    makes as many forward calls: ZeRO-3 gathers every layer's weights across them); 0 for none."""
     ranks = max(ranks, 1)
-    if len(lengths) < ranks:
-        return None
-    count = -(-len(lengths) // max(size, 1))
-    count = -(-count // ranks) * ranks
+    needed = math.ceil(sequences / max(size, 1))
+    return math.ceil(needed / ranks) * ranks
+
+
+def recompute_micro_batches(lengths: list[int], count: int) -> list[list[int]]:
+    """`count` micro-batches of sequence indices (`count` <= len(lengths)): sorted by `lengths`, sizes as
+    equal as can be (so none larger than the size `recompute_count` was given); rank r gets the r-th
+    contiguous run (`async_run_method_batch`)."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     base, extra = divmod(len(order), count)
     cuts, start = [], 0
@@ -162,12 +166,12 @@ class OldLogprobs:
             refs = self._dispatch(group, sync_condition, **kwargs)
             return _Pending(rows, shapes, refs, list(kwargs["action_mask"]), [], audit=True)
         ranks = len(group._actor_handlers) // group.duplicate_actors
-        size = self.maker.strategy.args.rollout.micro_batch_size
-        sequences = self._fill(rows, sequences, ranks)
-        cuts = recompute_micro_batches([len(s[0]) for s in sequences], size, ranks) if sequences else []
-        if cuts is None:  # fewer distinct sequences than ranks: OpenRLHF's own forward over everything
+        count = recompute_count(len(sequences), self.maker.strategy.args.rollout.micro_batch_size, ranks)
+        sequences = self._fill(rows, sequences, count)
+        if len(sequences) < count:  # too few distinct sequences for every rank: OpenRLHF's forward over everything
             self.stats = {RECOMPUTED_SHARE: 1.0, FRESH_SHARE: fresh / max(total, 1)}
             return self._dispatch(group, sync_condition, **kwargs)
+        cuts = recompute_micro_batches([len(s[0]) for s in sequences], count) if count else []
         recomputed = sum(1 for mb in rows for r in mb if r.forward is not None)
         self.stats = {RECOMPUTED_SHARE: recomputed / max(total, 1), FRESH_SHARE: fresh / max(total, 1)}
         if not cuts:
@@ -220,15 +224,15 @@ class OldLogprobs:
             recompute.append(row.tokens)
         row.forward = index[row.key]
 
-    def _fill(self, rows: list[list[_Row]], sequences: list, ranks: int) -> list:
-        """With fewer distinct stale sequences than ranks (but some), send the shortest fresh ones too, so
-        that every rank has a micro-batch (the forward's values are as exact for them)."""
-        if not sequences or len(sequences) >= ranks:
+    def _fill(self, rows: list[list[_Row]], sequences: list, count: int) -> list:
+        """With fewer distinct stale sequences than the `count` micro-batches the ranks need, send the shortest
+        fresh ones too, so that none is empty (the forward's values are as exact for them)."""
+        if len(sequences) >= count:
             return sequences
         index = {r.key: r.forward for mb in rows for r in mb if r.forward is not None}
         fresh = sorted((r for mb in rows for r in mb if r.forward is None), key=lambda r: len(r.tokens[0]))
         for row in fresh:
-            if len(sequences) >= ranks and row.key not in index:
+            if len(sequences) >= count and row.key not in index:
                 continue
             self._send(row, index, sequences)
         return sequences

@@ -250,19 +250,38 @@ def test_fewer_distinct_sequences_than_ranks_fall_back_to_openrlhfs_forward(acto
     assert len(group.calls) == 1 and len(group.calls[0]["sequences"]) == 4
 
 
-@pytest.mark.parametrize("lengths,size,ranks,count", [
-    ([5, 1, 3], 2, 1, 2), ([5, 1, 3], 2, 2, 2), ([5, 1, 3, 2, 9], 2, 2, 4), ([4] * 7, 4, 4, 4), ([1], 4, 2, None),
-])
-def test_recompute_micro_batches_are_sorted_a_multiple_of_the_ranks_and_none_empty(lengths, size, ranks, count):
-    cuts = old_logprobs.recompute_micro_batches(lengths, size, ranks)
-    if count is None:
-        assert cuts is None
-        return
-    assert len(cuts) == count and all(cuts)
+@pytest.mark.parametrize("sequences,size,ranks,count", [(3, 2, 1, 2), (3, 2, 2, 2), (5, 2, 2, 4), (7, 4, 4, 4),
+                                                         (5, 1, 4, 8), (1, 4, 2, 2), (0, 4, 2, 0)])
+def test_the_forward_takes_what_the_micro_batch_size_needs_in_a_multiple_of_the_ranks(sequences, size, ranks, count):
+    assert old_logprobs.recompute_count(sequences, size, ranks) == count
+
+
+def test_recompute_micro_batches_are_sorted_by_length_equal_sized_and_none_empty():
+    lengths = [5, 1, 3, 2, 9]
+    cuts = old_logprobs.recompute_micro_batches(lengths, 4)
+    assert [len(c) for c in cuts] == [2, 1, 1, 1]
     assert sorted(i for c in cuts for i in c) == list(range(len(lengths)))
-    assert max(map(len, cuts)) <= max(size, -(-len(lengths) // count))
     flat = [lengths[i] for c in cuts for i in c]
     assert flat == sorted(flat)
+
+
+def test_fresh_samples_fill_the_micro_batches_every_rank_needs(actor, monkeypatch):
+    """3 distinct stale sequences, micro-batches of 1 on 4 ranks: 4 micro-batches, the shortest fresh
+    sequence recomputed to fill the fourth."""
+    exps = experiences()
+    group = Group(actor, 4)
+    maker = maker_for(group, 1, monkeypatch)
+    hook = old_logprobs.OldLogprobs(maker, rollout_values(actor, exps), audit_due=lambda: False)
+    samples_list = [Experience.concat_experiences(exps[i:i + 2], 0) for i in range(0, len(exps), 2)]
+    for mb in samples_list:
+        mb.rewards = torch.zeros(mb.sequences.shape[0])
+    RemoteExperienceMaker.make_experience(maker, samples_list)
+    assert [len(s) for s in group.calls[0]["sequences"]] == [1, 1, 1, 1]
+    shortest_fresh = min((e for sid, e in enumerate(exps) if sid not in STALE), key=lambda e: e.sequences.shape[1])
+    sent = {tuple(s[0][a[0].bool()].tolist()) for s, a in zip(group.calls[0]["sequences"],
+                                                               group.calls[0]["attention_mask"])}
+    assert old_logprobs.key(shortest_fresh.sequences[0], shortest_fresh.attention_mask[0]) in sent
+    assert hook.take_stats()[old_logprobs.RECOMPUTED_SHARE] == 5 / 8  # 0, 2, 3, 5 and the filler
 
 
 def test_resolve_falls_back_to_the_forward_where_rollout_log_probs_are_not_the_actors():
