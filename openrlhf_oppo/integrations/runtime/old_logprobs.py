@@ -23,7 +23,7 @@ What is exact, and what is not:
   ones' rollout log-probs lie from it (`MISMATCH_KL`: OpenRLHF's `vllm_kl`, the mean of rollout
   minus recomputed over their action tokens, and `MISMATCH_ABS`).
 
-How: `install` wraps the maker's `_dispatch_forward` and `_flatten_results` on the trainer's
+How: `OldLogprobs` wraps the maker's `_dispatch_forward` and `_flatten_results` on the trainer's
 instance (as `reference.streamed_reference_forward` does for the reference). At dispatch, the
 actor group receives only the distinct token sequences of stale samples, regrouped into as few
 micro-batches as they need, a multiple of the data-parallel ranks (every ZeRO-3 rank makes as
@@ -138,7 +138,7 @@ class _Pending:
 
 
 class OldLogprobs:
-    """Installed on OpenRLHF's experience maker (`install`). `rollout`: the open batch's fresh samples'
+    """Installed on OpenRLHF's experience `maker` by construction. `rollout`: the open batch's fresh samples'
     action log-probs by their tokens (`reference.key`), None for a sequence some stale sample holds
     (refilled by the generator each batch); `audit_due()`: whether this batch is an audited one.
     `stats`: the last batch's `oppo/old_logprobs/*` metrics."""
