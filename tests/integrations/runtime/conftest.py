@@ -106,7 +106,8 @@ def make_scheduler(B: int = 2, n: int = 2, delta: int = 0, chunk: int = 4, score
 def make_args(B: int = 2, n: int = 2, remote_url: str | None = None) -> SimpleNamespace:
     """The OpenRLHF flags the generator reads."""
     ns = SimpleNamespace
-    return ns(rollout=ns(batch_size=B, n_samples_per_prompt=n), algo=ns(advantage=ns(is_correction_level="off")),
+    return ns(rollout=ns(batch_size=B, n_samples_per_prompt=n, top_p=1.0),
+              algo=ns(advantage=ns(is_correction_level="off")),
               reward=ns(remote_url=remote_url, model_name_or_path="/rm"),
               train=ns(full_determinism_enable=False, seed=42, agent_func_path=None, colocate_all=False),
               vllm=ns(enable_sleep=False, enable_prefix_caching=False))
