@@ -130,7 +130,7 @@ class PromptLoader(list):
 def generator_args(w: Workload) -> SimpleNamespace:
     """The OpenRLHF flags the generator reads."""
     ns = SimpleNamespace
-    return ns(rollout=ns(batch_size=w.prompts, n_samples_per_prompt=w.samples),
+    return ns(rollout=ns(batch_size=w.prompts, n_samples_per_prompt=w.samples, top_p=1.0),
               algo=ns(advantage=ns(is_correction_level="off")),
               reward=ns(remote_url=None, model_name_or_path=None),
               train=ns(full_determinism_enable=False, seed=w.seed, agent_func_path=None),
