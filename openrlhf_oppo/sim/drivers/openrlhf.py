@@ -10,6 +10,7 @@ sync's start is version k (the engines are paused during a sync).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -256,11 +257,7 @@ class AsyncDriver(World):
         reqs = [r for g in batch for r in g]
         lengths = [r.done for r in reqs]
         per_sample = [self.sample_lags(r, self.trained) for r in reqs]
-        lags: dict[int, int] = {}
-        for one in per_sample:
-            for age, n in one.items():
-                lags[age] = lags.get(age, 0) + n
-        self.lag_tokens.append(lags)
+        self.lag_tokens.append(dict(sum(map(Counter, per_sample), Counter())))
         cut = self.old_logprobs_left(lengths, [not any(one) for one in per_sample])
         end = self.experience_and_train(now, lengths, [r.sample_id for r in reqs], True, cut or None)
         n = self.cfg.workload.samples_per_group

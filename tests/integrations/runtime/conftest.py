@@ -119,3 +119,18 @@ def fakes():
     return SimpleNamespace(FakeRef=FakeRef, FakeCalls=FakeCalls, FakeMethod=FakeMethod, make_actor=make_actor,
                            make_delta=make_delta, make_config=make_config, make_scheduler=make_scheduler,
                            make_args=make_args)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    """A tiny Qwen2 causal LM's checkpoint (seeded, random weights), for the tests that compare a forward."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path

@@ -24,7 +24,7 @@ from openrlhf.models import Actor  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import Qwen2ForCausalLM  # noqa: E402
 
 from openrlhf_oppo.core import TrainSample  # noqa: E402
 from openrlhf_oppo.integrations.runtime import old_logprobs  # noqa: E402
@@ -55,14 +55,8 @@ def sample(sid: int, logprobs: list[float] | None = None) -> TrainSample:
 
 
 @pytest.fixture(scope="module")
-def actor(tmp_path_factory):
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
-    path = tmp_path_factory.mktemp("actor")
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+def actor(tiny_qwen2):
+    model = Qwen2ForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32, attn_implementation="sdpa").eval()
     out = Actor(model, temperature=TEMPERATURE)
     out.packing_samples = False  # OpenRLHF 0.11.2's Actor(model object) leaves it unset
     return out

@@ -21,7 +21,7 @@ from openrlhf.models import Actor  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import Qwen2ForCausalLM  # noqa: E402
 
 from openrlhf_oppo.integrations.runtime import reference  # noqa: E402
 from openrlhf_oppo.integrations.runtime.openrlhf_executor import response  # noqa: E402
@@ -40,14 +40,8 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)
-    path = tmp_path_factory.mktemp("reference")
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
+def checkpoint(tiny_qwen2):
+    return tiny_qwen2
 
 
 def streamed(checkpoint, chunk: int) -> dict[int, list[float]]:
