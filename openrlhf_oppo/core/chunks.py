@@ -34,8 +34,10 @@ def restream_chunks(flight: InFlight, chunk_size_tokens: int, stream: bool) -> t
             out.append(_new_tuple(ChunkReady, (s.sample_id, start, end, False, toks[start:end])))
             start = end
         s.cut = start
+        s.resent_mask = 0  # every scorer is fresh: each gets these chunks
         if s.finish_reason is not None:
             out.append(_new_tuple(ChunkReady, (s.sample_id, start, n, True, toks[start:n])))
+            s.final_start = start
             s.cut = n
     return tuple(out)
 
@@ -54,6 +56,8 @@ def resend_chunks(flight: InFlight, scorer_index: int, all_done: int, chosen: It
                 g.pending += 1
                 flight.complete.pop(g.group_id, None)
             s.done_mask &= ~bit
+        if s.finish_reason is not None:
+            s.resent_mask |= bit  # this scorer's final chunk is now the whole response
         if s.finish_reason is not None or s.cut:
             toks = token_slice(s.token_chunks, s.num_tokens, 0, s.cut)
             chunks.append(_new_tuple(ChunkReady, (s.sample_id, 0, s.cut, s.finish_reason is not None, toks)))

@@ -35,6 +35,8 @@ class Sample:
         "version",
         "num_tokens",
         "cut",
+        "final_start",
+        "resent_mask",
         "done_mask",
         "finish_reason",
     )
@@ -50,6 +52,10 @@ class Sample:
         self.version: int | None = None  # policy version of the last run
         self.num_tokens = 0
         self.cut = 0  # tokens already handed to scorers as chunks
+        # where the final chunk starts: a scorer acknowledges it only after every chunk before it
+        self.final_start = 0
+        # per scorer bit: `rescore` re-sent the finished response whole, so that scorer's final chunk starts at 0
+        self.resent_mask = 0
         self.done_mask = 0  # per scorer bit: acknowledged the final chunk
         self.finish_reason: str | None = None
 

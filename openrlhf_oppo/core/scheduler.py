@@ -208,12 +208,14 @@ class OverlapScheduler:
             toks = chunks[-1]  # most often the final chunk is the last delta, whole (no copy)
         else:
             toks = token_slice(chunks, n, cut, n)
+        s.final_start = cut
         s.cut = n
         return [_new_tuple(ChunkReady, (sample_id, cut, n, True, toks))]
 
     def on_scored(self, sample_id: int, scorer: str, upto_token: int, final: bool = False) -> None:
         """A scorer has prefilled the sample's response tokens ``[0, upto_token)``;
-        ``final``: it processed the final chunk too (the score is ready)."""
+        ``final``: it processed the final chunk too (the score is ready), which it may
+        say only once it has acknowledged every chunk cut before the final one."""
         self._ack(scorer, ((sample_id, 0, upto_token, final),))
 
     def on_scored_many(self, scorer: str, chunks: Iterable[ChunkReady]) -> None:
@@ -225,8 +227,8 @@ class OverlapScheduler:
         acks = acks if isinstance(acks, (list, tuple)) else list(acks)
         samples = self._flight.samples
         scored = self._flight.scored[idx]
-        validate.check_acks(samples, scored, scorer, acks)  # every entry before applying any
         bit = 1 << idx
+        validate.check_acks(samples, scored, scorer, bit, acks)  # every entry before applying any
         all_done = self._all_done
         for ack in acks:  # a ChunkReady or a plain (sample_id, start, end, final)
             sample_id = ack[0]

@@ -26,7 +26,8 @@ class ChunkReady(NamedTuple):
     """Response tokens ``[start, end)`` of a sample are ready to be prefilled by every scorer.
 
     ``final`` marks the last chunk (possibly empty): the scorer then produces the
-    sample's score and acknowledges with ``on_scored(sample_id, scorer, end)``.
+    sample's score and acknowledges with ``on_scored(sample_id, scorer, end, final=True)``
+    (or ``on_scored_many`` with this chunk), after every earlier chunk of the sample.
     A NamedTuple (immutable, typed) rather than a dataclass: tens of thousands are
     made per step, and tuples of ints cost the cyclic GC nothing after one pass.
 

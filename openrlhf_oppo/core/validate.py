@@ -109,9 +109,12 @@ def check_finish(s: Sample, reason: Any) -> None:
         raise ValueError(f"sample {s.sample_id}: finish reason must be one of {FINISH_REASONS}, got {reason!r}")
 
 
-def check_acks(samples: dict[int, Sample], scored: dict[int, int], scorer: str, acks: Sequence[Sequence]) -> None:
+def check_acks(samples: dict[int, Sample], scored: dict[int, int], scorer: str, bit: int,
+               acks: Sequence[Sequence]) -> None:
     """A scorer's acknowledgements ``(sample_id, start, end, final, ...)``: each sample's in
-    order, within what was sent, final only at the sample's last token."""
+    order, within what was sent, final only at the sample's last token and only once every
+    chunk sent before the final one was acknowledged (``bit``: the scorer's bit in
+    `Sample.resent_mask`)."""
     upto: dict[int, int] = {}  # acknowledged so far, this call's earlier entries included
     sample_id = None
     try:
@@ -130,6 +133,12 @@ def check_acks(samples: dict[int, Sample], scored: dict[int, int], scorer: str, 
                 raise ValueError(
                     f"sample {sample_id}: {scorer} acknowledged a final chunk ending at {end}, "
                     f"but the sample has not finished at that token"
+                )
+            if ack[3] and before < s.final_start and not s.resent_mask & bit:
+                # an ack of [0, end) (on_scored) starts at 0 whatever was sent: it must not skip chunks
+                raise ValueError(
+                    f"sample {sample_id}: {scorer} acknowledged the final chunk with [0, {before}) acknowledged, "
+                    f"but [0, {s.final_start}) was sent before it; a sample's chunks are acknowledged in order"
                 )
             upto[sample_id] = end
     except KeyError:

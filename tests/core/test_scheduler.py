@@ -46,7 +46,9 @@ def test_figure1_first_four_finished_are_trained_and_two_carried_with_partial_to
     sids = {g.group_id: g.sample_ids[0] for g in plan.admit}
     lengths = {0: 5, 1: 2, 2: 9, 3: 6, 4: 3, 5: 2}
     for gid, length in lengths.items():
-        sched.on_tokens(sids[gid], list(range(100 * gid, 100 * gid + length)), [-0.5] * length, 0)
+        for ch in sched.on_tokens(sids[gid], list(range(100 * gid, 100 * gid + length)), [-0.5] * length, 0):
+            for name in SCORERS:  # each chunk acknowledged, in order, before the final one
+                sched.on_scored(sids[gid], name, ch.end)
     for gid in (1, 5, 4, 0):
         assert sched.take_batch() is None
         finish_and_score(sched, sids[gid])
@@ -226,7 +228,9 @@ def test_checkpoint_holds_carried_samples_and_resume_restreams_them(make_schedul
     for ch in plan.restream:
         for name in SCORERS:
             resumed.on_scored_many(name, [ch])
-    resumed.on_tokens(carried, [8], [-0.4], 1)
+    for ch in resumed.on_tokens(carried, [8], [-0.4], 1):
+        for name in SCORERS:
+            resumed.on_scored(carried, name, ch.end)
     finish_and_score(resumed, carried)
     batch = resumed.take_batch()
     (sample,) = batch.groups[0].samples

@@ -80,6 +80,50 @@ def test_a_final_chunk_acknowledged_before_the_earlier_ones_is_refused_and_in_or
     assert sched.take_batch() is not None
 
 
+def test_a_final_acknowledgement_up_to_the_end_before_the_earlier_chunks_is_refused(make_scheduler, frozen):
+    # on_scored(final=True) acknowledges [0, end): it must not skip the chunks sent before the final one
+    sched = make_scheduler(delta=0, chunk=2, scorers=REWARD)
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    c1, c2 = sched.on_tokens(sid, [1, 2, 3, 4, 5], None, 0)
+    (final,) = sched.on_finished(sid)
+    rejected(sched, frozen, ValueError, "acknowledged in order", lambda: sched.on_scored(sid, "reward", 5, final=True))
+    rejected(sched, frozen, ValueError, "acknowledged in order",
+             lambda: sched.on_scored_many("reward", [(sid, 0, 5, True)]))
+    sched.on_scored_many("reward", [c1])
+    rejected(sched, frozen, ValueError, "acknowledged in order", lambda: sched.on_scored(sid, "reward", 5, final=True))
+    sched.on_scored(sid, "reward", c2.end)
+    assert sched.take_batch() is None
+    sched.on_scored(sid, "reward", final.end, final=True)
+    assert sched.take_batch() is not None
+
+
+def test_a_final_acknowledgement_skipping_a_chunk_at_the_last_token_is_refused(make_scheduler, frozen):
+    sched = make_scheduler(delta=0, chunk=2, scorers=REWARD)
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    c1, c2 = sched.on_tokens(sid, [1, 2, 3, 4], None, 0)
+    (final,) = sched.on_finished(sid)
+    assert (final.start, final.end) == (4, 4)  # the unacknowledged [2, 4) ends where the final chunk does
+    sched.on_scored_many("reward", [c1])
+    rejected(sched, frozen, ValueError, "acknowledged in order", lambda: sched.on_scored(sid, "reward", 4, final=True))
+    sched.on_scored_many("reward", [c2, final])
+    assert sched.take_batch() is not None
+
+
+def test_a_restarted_scorers_whole_final_chunk_is_acknowledged_and_the_others_keep_their_order(make_scheduler, frozen):
+    sched = make_scheduler(delta=0, chunk=2, scorers=("reward", "reference"))
+    sid = sched.begin_step(0).admit[0].sample_ids[0]
+    c1, c2 = sched.on_tokens(sid, [1, 2, 3, 4, 5], None, 0)
+    (final,) = sched.on_finished(sid)
+    sched.on_scored_many("reference", [c1])
+    (again,) = sched.rescore("reward", [sid])
+    assert (again.start, again.end, again.final) == (0, 5, True)  # the reward scorer's final chunk starts at 0
+    sched.on_scored_many("reward", [again])
+    rejected(sched, frozen, ValueError, "acknowledged in order",
+             lambda: sched.on_scored(sid, "reference", 5, final=True))
+    sched.on_scored_many("reference", [c2, final])
+    assert sched.take_batch() is not None
+
+
 def test_end_step_with_bad_stats_changes_nothing_and_a_retry_counts_deferrals_once(make_scheduler, frozen):
     # adaptive C: a double update used to raise KeyError
     sched = make_scheduler(delta=1, chunk=ADAPTIVE_C, scorers=REWARD)

@@ -234,6 +234,8 @@ class Driver:
                 later = [ch for ch in pending[1:] if ch.sample_id == first.sample_id]
                 if later:  # a later chunk of a sample before its earlier one
                     bad.append(lambda name=name, ch=later[0]: sched.on_scored_many(name, [ch]))
+                    if later[-1].final:  # the final one acknowledged as [0, end), skipping the earlier ones
+                        bad.append(lambda name=name, ch=later[-1]: sched.on_scored(ch.sample_id, name, ch.end, True))
             if live:
                 bad.append(lambda name=name: sched.on_scored(live[0], name, 0, final=True))
         bad.append(lambda: sched.on_scored(next(iter(sched._flight.samples), 0), "no-such-scorer", 0))
