@@ -14,6 +14,7 @@ can depend on it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -443,7 +444,28 @@ def add_cli_flags(parser: argparse.ArgumentParser) -> None:
 def from_cli(args: argparse.Namespace | Mapping[str, Any], base: OppoConfig | None = None) -> OppoConfig:
     """Overlay the ``--oppo.*`` flags that were given on ``base`` (YAML or defaults)."""
     values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    return CODEC.overlay(values, base or OppoConfig())
+    base = base or OppoConfig()
+    top, start = values.get(f"{FLAG_PREFIX}.delta.max"), f"{FLAG_PREFIX}.delta.init"
+    if (values.get(start) is None and str(top).isdigit() and int(top) < base.delta.init == DeltaConfig.init):
+        values = {**values, start: int(top)}  # Δ's default start within the user's bound, not blamed on it
+    return CODEC.overlay(values, base)
+
+
+def fit_delta(cfg: OppoConfig, batch_groups: int, given: Mapping[str, Any]) -> tuple[OppoConfig, str | None]:
+    """Δ's defaults fitted to a rollout batch of `batch_groups` prompt groups smaller than them:
+    `delta.max` (and `delta.init` above it) left at their defaults, i.e. not in `given` (the
+    `delta.*` keys the user set), are lowered to the batch, with the note saying so. A value the
+    user set is left for the checks to refuse, naming it."""
+    d = cfg.delta
+    if not d.enable or not 1 <= batch_groups < d.max or "max" in given:
+        return cfg, None
+    fitted = {"max": batch_groups}
+    if d.init > batch_groups and "init" not in given:
+        fitted["init"] = batch_groups
+    note = (f"--{FLAG_PREFIX}.delta.max {d.max} (the default) lowered to --rollout.batch_size ({batch_groups}): at "
+            f"most B prompt groups can be carried" + (f"; --{FLAG_PREFIX}.delta.init {d.init} too" if "init" in fitted
+                                                      else ""))
+    return dataclasses.replace(cfg, delta=dataclasses.replace(d, **fitted)), note
 
 
 def to_cli_args(cfg: OppoConfig) -> list[str]:

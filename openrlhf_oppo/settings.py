@@ -34,6 +34,14 @@ _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
 
 
+def suggest(name: str, choices: typing.Iterable[str]) -> str:
+    """" (did you mean 'x'?)" for the closest of `choices` to a misspelt `name` (difflib), else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def setting(default: Any, help: str, **metadata: Any) -> Any:
     """A dataclass field with its help text (and e.g. ``choices=(...)``) in its metadata."""
     return field(default=default, metadata={"help": help, **metadata})
@@ -89,6 +97,12 @@ def read_yaml(path: str) -> dict[str, Any]:
             doc = yaml.safe_load(fh) or {}
     except FileNotFoundError:
         raise ValueError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:  # where and what the parser expected, not its traceback
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        raise ValueError(f"{path}:{where} not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(doc, Mapping):
         raise ValueError(f"{path}: top level must be a mapping")
     return dict(doc)
@@ -150,7 +164,8 @@ class Codec:
         if unknown:
             where = f"{path}." if path else ""
             raise ValueError(self.unknown.format(where=where, key=unknown[0], names=", ".join(sorted(names)),
-                                                 qualified=", ".join(where + n for n in names)))
+                                                 qualified=", ".join(where + n for n in names))
+                             + suggest(unknown[0], names))
         kwargs = {key: self.coerce(value, hints[key], f"{path}.{key}" if path else key) for key, value in data.items()}
         return cls(**kwargs)
 

@@ -5,7 +5,8 @@
 #   oppo_runtime_env       RUNTIME_ENV: the Ray job's runtime env (JSON) - the repository as
 #                          working_dir, and the env vars of PASS_ENV that are set
 #   oppo_submit CMD...     SUBMIT=(ray job submit ... -- CMD...), printed on one line (secrets
-#                          masked as ***), then run unless --dry-run
+#                          masked as ***), then run; with --dry-run, CMD --dry-run runs here
+#                          instead (every check the job makes before Ray starts; on stderr)
 # Env vars read: RAY_ADDRESS (http://127.0.0.1:8265), WANDB_PROJECT (openrlhf_oppo),
 # NCCL_DEBUG (WARN), and passed into the job when set: WANDB_API_KEY (unset: wandb logs
 # offline), WANDB_DIR, HF_TOKEN, HF_HOME.
@@ -48,13 +49,21 @@ oppo_runtime_env() {
 }
 
 # SUBMIT=(ray job submit ... -- "$@"): print it on one line as `printf '%q '` quotes it
-# (secrets masked), then run it unless --dry-run.
+# (secrets masked), then run it; with --dry-run run `"$@" --dry-run` here instead.
 oppo_submit() {
   SUBMIT=(ray job submit --address "$RAY_ADDRESS" --runtime-env-json "$RUNTIME_ENV" -- "$@")
   local shown=(ray job submit --address "$RAY_ADDRESS" --runtime-env-json "$RUNTIME_ENV_SHOWN" -- "$@")
   printf '%q ' "${shown[@]}"
   echo
-  if ((DRY_RUN)); then exit 0; fi
+  if ((DRY_RUN)); then
+    # every check the job runs before Ray starts, here (flags, inputs, the memory table): exit 2 on a refusal
+    if python3 -c "import openrlhf_oppo" 2>/dev/null; then
+      "$@" --dry-run >&2 || exit $?
+    else
+      echo "$0: openrlhf_oppo is not installed here: its checks did not run (bash scripts/install.sh)" >&2
+    fi
+    exit 0
+  fi
   if ! command -v ray >/dev/null; then
     echo "$0: 'ray' not found: install the project (OPPO_STACK=gpu bash scripts/install.sh)" >&2
     exit 127

@@ -6,7 +6,7 @@
 # the GPU stack (OPPO_STACK=gpu bash scripts/install.sh).
 # Launch: bash examples/scripts/train_oppo_3b_8xa100.sh [--dry-run] [flags...]
 #   flags: any OpenRLHF or --oppo.* flag, overriding the preset
-#   --dry-run: print the `ray job submit` command on one line and exit
+#   --dry-run: print the `ray job submit` command on one line, run its checks here and exit
 # Env vars (defaults): RAY_ADDRESS (http://127.0.0.1:8265), SAVE_PATH (./ckpt/<run>),
 # WANDB_API_KEY (unset: wandb offline), WANDB_PROJECT (openrlhf_oppo), WANDB_RUN_NAME (<run>).
 set -euo pipefail

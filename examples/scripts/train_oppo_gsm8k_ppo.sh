@@ -7,7 +7,7 @@
 # openai/gsm8k (or a local copy: see configs/cluster/gsm8k-grpo.yaml).
 # Launch: bash examples/scripts/train_oppo_gsm8k_ppo.sh [--dry-run] [flags...]
 #   flags: any OpenRLHF or --oppo.* flag, overriding the preset
-#   --dry-run: print the `ray job submit` command on one line and exit
+#   --dry-run: print the `ray job submit` command on one line, run its checks here and exit
 # Env vars (defaults): RAY_ADDRESS (http://127.0.0.1:8265), SAVE_PATH (./ckpt/<run>),
 # WANDB_API_KEY (unset: wandb offline), WANDB_PROJECT (openrlhf_oppo), WANDB_RUN_NAME (<run>).
 set -euo pipefail

@@ -12,7 +12,7 @@
 # Launch (from any machine that reaches the head's dashboard port 8265):
 #   HEAD_IP=10.0.0.1 bash examples/scripts/train_oppo_qwen2.5_72b_async.sh [--dry-run] [flags...]
 #   flags: any OpenRLHF or --oppo.* flag, overriding the preset
-#   --dry-run: print the `ray job submit` command on one line and exit
+#   --dry-run: print the `ray job submit` command on one line, run its checks here and exit
 # Env vars (defaults): HEAD_IP (127.0.0.1), RAY_ADDRESS (http://$HEAD_IP:8265), SAVE_PATH
 # (./ckpt/<run>: put it on shared storage), WANDB_API_KEY (unset: wandb offline),
 # WANDB_PROJECT (openrlhf_oppo), WANDB_RUN_NAME (<run>).

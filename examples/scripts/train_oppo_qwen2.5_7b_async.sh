@@ -6,7 +6,7 @@
 # --num-gpus 8` on the node) and the GPU stack (OPPO_STACK=gpu bash scripts/install.sh).
 # Launch: bash examples/scripts/train_oppo_qwen2.5_7b_async.sh [--dry-run] [flags...]
 #   flags: any OpenRLHF or --oppo.* flag, overriding the preset (--oppo.delta.max 16)
-#   --dry-run: print the `ray job submit` command on one line and exit
+#   --dry-run: print the `ray job submit` command on one line, run its checks here and exit
 # Env vars (defaults): RAY_ADDRESS (http://127.0.0.1:8265), SAVE_PATH (./ckpt/<run>:
 # model in SAVE_PATH, checkpoints in SAVE_PATH/ckpt), WANDB_API_KEY (unset: wandb offline),
 # WANDB_PROJECT (openrlhf_oppo), WANDB_RUN_NAME (<run>); see _common.sh for the rest.

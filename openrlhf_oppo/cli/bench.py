@@ -1,4 +1,5 @@
-"""`openrlhf-oppo bench <target>`: micro-benchmarks that print figures and ratios."""
+"""`openrlhf-oppo bench <target> [options]`: benchmarks that print figures and ratios
+(`openrlhf-oppo bench <target> --help` lists a target's options)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import sys
 
 TARGETS = {
     "scorer": ("openrlhf_oppo.bench.scorer", "streamed vs one-shot scoring time per chunk size"),
-    "schedules": ("openrlhf_oppo.bench.schedules", "OpenRLHF's modes vs OPPO's: step latency ratios, same config"),
+    "schedules": ("openrlhf_oppo.bench.schedules",
+                  "OpenRLHF's modes vs OPPO's on one config, interleaved: mean time a step, trained tokens/s, "
+                  "ratios against each mode"),
 }
 
 
@@ -21,6 +24,7 @@ def main(argv: list[str]) -> int:
         print("usage: openrlhf-oppo bench <target> [options]\n\ntargets:")
         for name, (_, help_) in TARGETS.items():
             print(f"  {name:<14} {help_}")
+        print("\nopenrlhf-oppo bench <target> --help lists a target's options.")
         return 0
     module = importlib.import_module(TARGETS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)

@@ -242,6 +242,18 @@ def _wait(proc: subprocess.Popen, deadline: float) -> int:
 
 
 @pytest.fixture(scope="session")
+def start_train(tiny_assets):
+    """`start(schedule, root, out, *extra) -> (process, wait)`: a run of the tiny task into `root` started as a
+    user starts it, its output into `out`, for a test that acts on it while it runs; `wait(bound_s)` is its
+    exit code (the run ended by the bound fails the test)."""
+    def start(schedule: str, root: Path, out: Path, *extra: str):
+        proc = _start(_train_argv(schedule, root, tiny_assets, extra), out)
+        return proc, lambda bound_s: _wait(proc, time.monotonic() + bound_s)
+
+    return start
+
+
+@pytest.fixture(scope="session")
 def train_runs(tmp_path_factory, tiny_assets):
     """`run(schedule, *extra, output=, config=, assets=, env=, restarts=)` -> TrainRun, run on first
     request and kept for the session. `assets`: the task's (default: the tiny task's, built once);

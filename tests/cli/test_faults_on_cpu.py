@@ -95,10 +95,18 @@ def test_sigterm_ends_the_step_writes_a_checkpoint_and_exits_non_zero(restarted_
 
     run, out = restarted_and_stopped, restarted_and_stopped.output
     assert run.returncode == 128 + signal.SIGTERM, out[-3000:]
-    assert "stopped on request after step" in out and "stopped on SIGTERM" in out, out[-3000:]
 
     events = ledger.read_events(run.root / ledger.LEDGER_FILE)
     last_step = max(e["step"] for e in events if e["event"] == "step")
+    # after the signal: one line from the run (no traceback), its step numbered as OpenRLHF's global step, the
+    # checkpoint's tag and the progress bar number it
+    after = out[out.index("openrlhf-oppo train: SIGTERM: the current step ends"):]
+    assert "Traceback" not in after, after[-3000:]
+    stop = [line for line in after.splitlines() if "stopped on request" in line]
+    assert len(stop) == 1 and stop[0].startswith(f"OPPO: stopped on request after step {last_step + 1}: checkpoint "
+                                                 f"global_step{last_step + 1} written to "), after[-3000:]
+    assert re.search(rf"OPPO: +{last_step + 1}/\d+ ", out), out[-3000:]
+    assert "openrlhf-oppo train: stopped on SIGTERM (exit 143)" in after
     assert events[-1] == {"event": "checkpoint", "step": last_step}  # after the step that was running
     assert ledger.check_events(events).ok
     held = next(e for e in reversed(events) if e["event"] == "step")["held"]
@@ -177,3 +185,29 @@ def test_all_five_faults_with_relaunches_the_run_completes_and_the_ledger_holds(
     # was added (one pass of 16 prompts is OpenRLHF's 4 steps), every prompt trained once
     assert report.last_step == 3 and report.trained == 16
     assert main(["ledger", "check", str(run.root)]) == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_stops_the_run_at_once_in_one_line(start_train, tmp_path):
+    """SIGINT while Ray, vLLM and the models start: no step has ended, nothing to checkpoint, so the run
+    ends at once (its processes too), with one line and no traceback, and no checkpoint is written (a
+    relaunch starts afresh)."""
+    import time
+
+    root, out = tmp_path / "run", tmp_path / "out.txt"
+    proc, wait = start_train("oppo", root, out)
+    log = root / "train.log"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "Started a local Ray instance" in log.read_text(errors="replace")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.5)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert wait(60) == 128 + signal.SIGINT
+    assert time.monotonic() - t0 < 30
+    text = out.read_text()
+    after = text[text.index("openrlhf-oppo train: SIGINT"):]
+    assert after.splitlines()[:2] == [
+        "openrlhf-oppo train: SIGINT: ending the run now (no step has ended yet: nothing to checkpoint)",
+        "openrlhf-oppo train: stopped on SIGINT (exit 130)"], after
+    assert "Traceback" not in after and not (root / "checkpoints" / "_actor").exists()

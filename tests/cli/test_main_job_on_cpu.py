@@ -12,6 +12,7 @@ on held-out prompts (tests/cli/test_train.py checks the summary's lines on logge
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -33,6 +34,18 @@ def test_the_terminal_shows_a_progress_line_a_step_and_a_closing_summary(oppo_ru
                r"first 2 steps -> the last 2\); \d+\.\d s a step after the first")
     assert any(re.fullmatch(closing, line) for line in summary), "\n".join(summary)
     assert f"openrlhf-oppo train: outputs in {oppo_run.root}: train.log, tensorboard/, timeline/" in oppo_run.output
+    # the bar knows the run's steps (OpenRLHF's global steps: 16 prompts, 4 a step) and so shows the ETA
+    assert re.search(r"OPPO: 100%\|.*\| 4/4 \[\d\d:\d\d<00:00", oppo_run.output), "\n".join(progress)
+    # what the terminal closed with is kept: the figures in summary.json, the lines at the end of train.log
+    record = json.loads((oppo_run.root / "summary.json").read_text())
+    assert record["steps"] == 4 and record["exit_code"] == 0 and record["schedule"] == "oppo"
+    assert f"{record['reward']['first']:+.3f} -> {record['reward']['last']:+.3f}" in "\n".join(summary)
+    log = (oppo_run.root / "train.log").read_text().splitlines()
+    assert log[-len(summary[-4:]):] == summary[-4:]
+    assert summary[-2] == (f"openrlhf-oppo train: the whole run's timeline: {oppo_run.root / 'timeline.trace.json'} "
+                           "(open it at https://ui.perfetto.dev)")
+    trace = json.loads((oppo_run.root / "timeline.trace.json").read_text())
+    assert sum(1 for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("step ")) == 4
 
 
 @pytest.mark.slow
@@ -50,6 +63,8 @@ def test_the_main_job_installs_the_shipped_task_and_sums_up_what_ppo_learned(tra
     assert any(re.search(rf"{STEPS} steps; reward [-+]\d\.\d+ -> [-+]\d\.\d+ \(train/reward, mean of the first 4 "
                          r"steps -> the last 4\)", line) for line in summary), "\n".join(summary)
     heldout = [line for line in summary if "held out" in line]
+    figures = json.loads((run.root / "summary.json").read_text())["heldout"]
+    assert figures["prompts"] == 256 and f"{figures['final_actor']['exact_match']:.3f};" in heldout[0]
     assert len(heldout) == 1 and re.search(
         r"held out \(256 prompts no step trained on\), the SFT policy -> this run's final actor: exact match "
         r"0\.\d{3} -> 0\.\d{3}; learned reward [-+]\d\.\d{3} -> [-+]\d\.\d{3}; at the 512-token cap",

@@ -134,3 +134,43 @@ def test_the_closing_summary_scores_a_learn_runs_final_actor_on_held_out_prompts
     assert (run_dir / "train.log").read_text() == "INFO loading the reward model\n"
     (run_dir / "command.json").write_text(json.dumps([*argv[:-1], "12"]))
     assert heldout(run_dir) == []  # every prompt trained: none held out
+
+
+def test_the_closing_summary_is_kept_in_summary_json_and_train_log_beside_a_chrome_trace(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """What `openrlhf-oppo train` closes with, after a run (the launch stood in by a run directory as a run
+    leaves it: TensorBoard scalars, a timeline, train.log): the figures in RUN_DIR/summary.json, the lines at
+    the end of train.log as on the terminal, and the whole timeline as Chrome trace-event JSON."""
+    import json
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from openrlhf_oppo.bench.schedules import STEP_TAG
+    from openrlhf_oppo.cli import train
+    from openrlhf_oppo.integrations.launch import launcher
+
+    root = tmp_path / "run"
+    writer = SummaryWriter(str(root / "tensorboard"))
+    for step, (wall, reward) in enumerate([(100.0, -0.25), (110.0, 0.5), (114.0, 0.75), (120.0, 1.0)], start=1):
+        writer.add_scalar(STEP_TAG, 0.0, step, walltime=wall)
+        writer.add_scalar(train.REWARD_TAG, reward, step, walltime=wall)
+    writer.close()
+    (root / "timeline").mkdir()
+    spans = [{"kind": "span", "role": "driver", "host": "n0", "pid": 1, "stage": stage, "t0": t0, "t1": t0 + 1.0}
+             for t0, stage in ((100.0, "generate"), (101.0, "train"), (110.0, "generate"), (111.0, "train"))]
+    (root / "timeline" / "n0-1.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
+    (root / "train.log").write_text("the run's own output\n")
+    monkeypatch.setattr(train, "run", lambda argv: launcher.RunResult(0, 21.04, launcher.RunPaths(root)))
+    assert train.main(["--schedule", "sync", "--config", CONFIG, "--output", str(root)]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("openrlhf-oppo train: ")]
+    record = json.loads((root / "summary.json").read_text())
+    assert record == {"schedule": "sync", "config": CONFIG, "exit_code": 0, "wall_s": 21.0, "steps": 4,
+                      "mean_step_s": record["mean_step_s"],
+                      "reward": {"tag": "train/reward", "steps_averaged": 2, "first": 0.125, "last": 0.875}}
+    assert abs(record["mean_step_s"] - 20 / 3) < 1e-6
+    assert (root / "train.log").read_text().splitlines() == ["the run's own output", *shown]
+    assert shown[-2:] == [f"openrlhf-oppo train: the whole run's timeline: {root / 'timeline.trace.json'} (open it "
+                          "at https://ui.perfetto.dev)", f"openrlhf-oppo train: this summary: {root / 'summary.json'}"]
+    trace = json.loads((root / "timeline.trace.json").read_text())
+    assert sorted(e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("step ")) == \
+        ["step 1", "step 2"]

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from openrlhf_oppo import run_env
-from openrlhf_oppo.integrations.launch import driver, preflight, worker_hooks
+from openrlhf_oppo.integrations.launch import driver, openrlhf_flags, preflight, worker_hooks
 
 REPORT_ENV = "OPPO_PREFLIGHT_JSON"  # where the input checks' report goes (default: a temp file)
 
@@ -40,14 +40,18 @@ DRY_RUN = "--dry-run"  # every check, then exit: no Ray, no vLLM
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if openrlhf_flags.asks_help(argv):
+        print(openrlhf_flags.format_help())
+        return 0
     if "-h" in argv or "--help" in argv:
         driver.print_help()
         return 0
     dry_run = DRY_RUN in argv
     argv = [a for a in argv if a != DRY_RUN]
     try:
+        preflight.resolve({}, argv, oppo=True)  # a misspelt flag first, before what it would have set is missed
         cfg, rest = driver.resolve(argv)
-        preflight.check_config({}, argv, oppo=True, strict_memory=dry_run)
+        preflight.check_checkpoint(preflight.check_config({}, argv, oppo=True, strict_memory=dry_run))
         if os.environ.get(run_env.SKIP_INPUT_CHECKS, "") not in ("1", "true"):  # the flags' checks stay
             preflight.check_inputs({}, argv, _report_path(), oppo=True)
     except (ValueError, FileNotFoundError) as exc:
@@ -61,4 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     except worker_hooks.SiteHookMissing as exc:
         print(f"{driver.ENTRY_MODULE}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        stop = _stop_request(exc)
+        if stop is None:
+            raise
+        print(stop, file=sys.stderr, flush=True)  # one line: the step, the checkpoint, how to resume
+        return STOPPED
     return 0
+
+
+STOPPED = 3  # the run stopped on request (OPPO_STOP_FILE: the launcher's SIGINT/SIGTERM) after a checkpoint
+
+
+def _stop_request(exc: BaseException) -> str | None:
+    """The trainer's StopRequested message behind the error `ray.get` raised in the driver, or None."""
+    from openrlhf_oppo.integrations.runtime.trainer import StopRequested
+
+    cause = getattr(exc, "cause", exc)  # a RayTaskError holds the actor's exception as its cause
+    return str(cause) if isinstance(cause, StopRequested) else None

@@ -15,13 +15,14 @@ actor class, and then runs OpenRLHF's own `train_ppo_ray` main unmodified.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import runpy
 import sys
 
 from openrlhf_oppo import config as oppo_config
-from openrlhf_oppo import run_env
+from openrlhf_oppo import run_env, settings
 from openrlhf_oppo.integrations.launch import worker_hooks
 
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -211,7 +212,7 @@ def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
     if known.preset and known.oppo_config_file:
         raise ValueError("--config and --oppo.config both name OPPO's settings: "
                          "put them under `oppo:` in the --config file")
-    base, preset_argv = oppo_config.OppoConfig(), []
+    preset_argv, in_file = [], {}
     if known.preset:
         from openrlhf_oppo.integrations.launch import yaml_config
 
@@ -219,10 +220,31 @@ def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
         if preset.task:
             raise ValueError(f"{known.preset}: `task:` is the built-in CPU task's (openrlhf-oppo train --config); "
                              "a cluster preset names its models and data in OpenRLHF's sections")
-        base, preset_argv = oppo_config.from_dict(preset.oppo), yaml_config.to_argv(preset.flags)
+        in_file, preset_argv = preset.oppo, yaml_config.to_argv(preset.flags)
     elif known.oppo_config_file:
-        base = oppo_config.load_yaml(known.oppo_config_file)
-    return oppo_config.from_cli(known, base), preset_argv + rest
+        in_file = settings.read_yaml(known.oppo_config_file).get(oppo_config.FLAG_PREFIX) or {}
+    cfg = oppo_config.from_cli(known, oppo_config.from_dict(in_file))
+    given = {k for k in ("init", "max")
+             if getattr(known, f"oppo.delta.{k}") is not None or k in (in_file.get("delta") or {})}
+    cfg, note = oppo_config.fit_delta(cfg, rollout_batch(preset_argv + rest), given)
+    if note:
+        _notice(f"{ENTRY_MODULE}: {note}")
+    return cfg, preset_argv + rest
+
+
+def rollout_batch(argv: list[str]) -> int:
+    """B, prompt groups a step: `--rollout.batch_size` among `argv` or OpenRLHF's default (0 where the
+    value is no integer: OpenRLHF's parser refuses it, naming the flag)."""
+    from openrlhf_oppo.integrations.launch import openrlhf_flags
+
+    value = _value("--rollout.batch_size", argv) or openrlhf_flags.train_flags()["rollout.batch_size"].default
+    return int(value) if str(value).isdigit() else 0
+
+
+@functools.cache
+def _notice(line: str) -> None:
+    """`line` on stderr, once a process (the flags are parsed by every check)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _check_background_sync(cfg: oppo_config.OppoConfig, argv: list[str]) -> None:
@@ -294,7 +316,7 @@ def print_help() -> None:
                         "per-phase memory table and exit (0: every check passed) without starting Ray or vLLM")
     oppo_config.add_cli_flags(parser)
     parser.print_help()
-    print("\nAll other flags are OpenRLHF's: python -m openrlhf.cli.train_ppo_ray --help")
+    print("\nAll other flags are OpenRLHF's: --help-openrlhf lists them with their defaults and help")
 
 
 def resolve(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:

@@ -177,18 +177,25 @@ def launch(
         env.update(wandb_env)
         env.setdefault("WANDB_DIR", str(paths.root))
     stopped_by: list[int] = []
+    steps_before = _steps_done(paths.oppo_metrics)  # a relaunch appends to the file
+    stop_by: list[float] = []  # when a graceful stop is given up on
 
     def on_signal(signum, frame):
+        name = signal.Signals(signum).name
         if stopped_by:
-            echo.say(f"{signal.Signals(signum).name} again: ending the run now")
+            echo.say(f"{name} again: ending the run now")
             raise KeyboardInterrupt
         stopped_by.append(signum)
-        if graceful_stop:
+        if graceful_stop and _steps_done(paths.oppo_metrics) > steps_before:
             paths.stop_file.touch()
-            echo.say(f"{signal.Signals(signum).name}: the current step ends, a checkpoint is written, then the run "
-                     "stops (signal again to stop at once)")
-        else:
-            os.killpg(child.pid, signal.SIGINT)
+            stop_by.append(time.monotonic() + STOP_GRACE_S)
+            echo.say(f"{name}: the current step ends, a checkpoint is written, then the run stops (within "
+                     f"{STOP_GRACE_S:.0f} s; signal again to stop at once)")
+            return
+        why = ("no step has ended yet: nothing to checkpoint" if graceful_stop
+               else "OpenRLHF's schedules write no checkpoint on a stop")
+        echo.say(f"{name}: ending the run now ({why})")
+        raise KeyboardInterrupt
 
     with caches.in_use(env, log=_log), paths.log.open("ab") as log_file:  # cache held until the session is ended
         start = time.monotonic()
@@ -204,21 +211,47 @@ def launch(
         echo.start()
         previous = _handle_signals(on_signal)
         try:
-            returncode = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            echo.say(f"no result after {timeout_s:.0f}s; ending the run")
-            returncode = TIMEOUT_RETURNCODE
-        except KeyboardInterrupt:  # a second signal (or Ctrl-C where no handler could be installed)
+            returncode = _wait(child, start, timeout_s, stop_by, echo)
+        except KeyboardInterrupt:  # a stop at once (or Ctrl-C where no handler could be installed)
             returncode = 128 + signal.SIGINT
         finally:
             _restore_signals(previous)
+            echo.stop()  # what the processes ended below write (their tracebacks) stays in train.log
             _end_session(child.pid)
-            echo.stop()
     if stopped_by:
         returncode = 128 + stopped_by[0]  # non-zero whatever the child made of it
         _log(f"stopped on {signal.Signals(stopped_by[0]).name} (exit {returncode})")
     return RunResult(returncode=returncode, wall_s=time.monotonic() - start, paths=paths,
                      stopped_by=stopped_by[0] if stopped_by else None)
+
+
+STOP_GRACE_S = 600.0  # a graceful stop (the step ends, a checkpoint is written) is given this long
+
+
+def _steps_done(metrics: Path) -> int:
+    """Steps an OPPO run has ended: rows of RUN_DIR/oppo_metrics.jsonl, one a step."""
+    try:
+        with metrics.open("rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _wait(child: subprocess.Popen, start: float, timeout_s: float | None, stop_by: list[float], echo) -> int:
+    """The child's exit code; TIMEOUT_RETURNCODE `timeout_s` after `start` (monotonic), and 128 + SIGTERM
+    when a graceful stop (once asked: `stop_by[0]`) has not ended the run in time."""
+    while True:
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if timeout_s is not None and now - start >= timeout_s:
+                echo.say(f"no result after {timeout_s:.0f}s; ending the run")
+                return TIMEOUT_RETURNCODE
+            if stop_by and now >= stop_by[0]:
+                echo.say(f"the step did not end within {STOP_GRACE_S:.0f} s of the stop: ending the run now "
+                         "(a relaunch resumes from the last checkpoint)")
+                return 128 + signal.SIGTERM
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -7,7 +7,9 @@ with `ast` (no import, no torch/ray/vllm), expanding the
 loop. This gives the YAML translator a table to validate keys against, in the
 same place where an upstream rename would show up. The literal defaults, types,
 `nargs` and `choices` are read too, so `resolve` gives the values OpenRLHF's parser would
-(the launcher's input checks read them before anything starts).
+(the launcher's input checks read them before anything starts), and so are the help texts:
+`format_help` is `--help-openrlhf` (OpenRLHF's own `--help` needs its GPU imports, flash_attn
+among them, which a CPU install lacks).
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
+import importlib.metadata
 import importlib.util
+import itertools
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
+HELP_FLAG = "--help-openrlhf"  # `openrlhf-oppo train` and `python -m openrlhf_oppo.cli.train_ppo_ray`: print them
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,10 @@ class Flag:
     type: str | None = None  # "int", "float", "str" (type=...)
     nargs: Any = None
     choices: tuple | None = None
+    help: str | None = None  # the help text as written upstream (None where it has none)
+    # the default as OpenRLHF's help would show it: the literal, argparse's False/True for a
+    # store_true/store_false without one, or the expression computed when its parser is built
+    default_text: str = "None"
 
 
 def train_module_source() -> str:
@@ -71,6 +81,40 @@ def _literal(node: ast.AST | None) -> Any:
         return None
 
 
+def _bindings(loop_vars: dict[str, tuple[str, ...]]) -> list[dict[str, tuple[str, ...]]]:
+    """Every assignment of the enclosing loops' variables, one value each ([{}] outside a loop)."""
+    names = list(loop_vars)
+    return [{n: (v,) for n, v in zip(names, values, strict=True)}
+            for values in itertools.product(*(loop_vars[n] for n in names))]
+
+
+def _branch(node: ast.AST | None, binding: dict[str, tuple[str, ...]]) -> ast.AST | None:
+    """`a if prefix == "actor" else b` inside the loop over `prefix`: the branch this binding takes."""
+    while (
+        isinstance(node, ast.IfExp)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id in binding
+        and len(node.test.ops) == 1
+        and isinstance(node.test.ops[0], ast.Eq)
+        and isinstance(node.test.comparators[0], ast.Constant)
+    ):
+        taken = binding[node.test.left.id][0] == node.test.comparators[0].value
+        node = node.body if taken else node.orelse
+    return node
+
+
+def _default_text(call: ast.Call, binding: dict[str, tuple[str, ...]]) -> str:
+    keywords = {k.arg: k.value for k in call.keywords}
+    if "default" not in keywords:
+        return {"bool": "False", "negated": "True"}.get(_kind(call), "None")
+    node = _branch(keywords["default"], binding)
+    value = _literal(node)
+    if value is None and not (isinstance(node, ast.Constant) and node.value is None):
+        return f"computed: {ast.unparse(node)}"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
 def _kind(call: ast.Call) -> str:
     keywords = {k.arg: k.value for k in call.keywords}
     action = keywords.get("action")
@@ -96,15 +140,18 @@ def parse_flags(source: str) -> dict[str, Flag]:
             and node.func.attr == "add_argument"
             and node.args
         ):
-            for text in _string_values(node.args[0], loop_vars):
-                if text.startswith("--"):
-                    name = text[2:]
-                    kw = {k.arg: k.value for k in node.keywords}
-                    tp = kw.get("type")
-                    choices = _literal(kw.get("choices"))
-                    flags[name] = Flag(name, _kind(node), _literal(kw.get("default")),
-                                       tp.id if isinstance(tp, ast.Name) else None, _literal(kw.get("nargs")),
-                                       tuple(choices) if isinstance(choices, (list, tuple)) else None)
+            kw = {k.arg: k.value for k in node.keywords}
+            tp = kw.get("type")
+            choices = _literal(kw.get("choices"))
+            for binding in _bindings(loop_vars):  # one flag per loop value: its help and default may name it
+                helps = _string_values(kw["help"], binding) if "help" in kw else []
+                for text in _string_values(node.args[0], binding):
+                    if text.startswith("--"):
+                        name = text[2:]
+                        flags[name] = Flag(name, _kind(node), _literal(kw.get("default")),
+                                           tp.id if isinstance(tp, ast.Name) else None, _literal(kw.get("nargs")),
+                                           tuple(choices) if isinstance(choices, (list, tuple)) else None,
+                                           helps[0] if helps else None, _default_text(node, binding))
         for child in ast.iter_child_nodes(node):
             visit(child, loop_vars)
 
@@ -121,6 +168,50 @@ def train_flags() -> dict[str, Flag]:
 def namespaces(flags: dict[str, Flag]) -> list[str]:
     """Top-level groups of the dotted flags: actor, critic, ds, train, vllm, ..."""
     return sorted({name.split(".", 1)[0] for name in flags if "." in name})
+
+
+def asks_help(argv: list[str]) -> bool:
+    """`--help-openrlhf` among `argv`'s own flags (not among those after `--`, handed to OpenRLHF)."""
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    return HELP_FLAG in own
+
+
+def _metavar(flag: Flag) -> str:
+    if flag.kind in ("bool", "negated"):
+        return ""
+    one = "{" + ",".join(str(c) for c in flag.choices) + "}" if flag.choices else (flag.type or "str").upper()
+    if flag.kind != "list":
+        return f" {one}"
+    if isinstance(flag.nargs, int):
+        return " " + " ".join([one] * flag.nargs)
+    return f" {one} [{one} ...]" if flag.nargs == "+" else f" [{one} ...]"
+
+
+def format_help(width: int = 100) -> str:
+    """`--help-openrlhf`: every flag of OpenRLHF's `train_ppo_ray` with its default and help text,
+    grouped by dotted section (actor., critic., ..., vllm.), undotted flags last."""
+    flags = train_flags()
+    try:
+        version = importlib.metadata.version("openrlhf")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown)"
+    lines = [
+        f"OpenRLHF {version}'s flags ({TRAIN_MODULE}), read from its source, by section.",
+        "Give them to `python -m openrlhf_oppo.cli.train_ppo_ray` as to OpenRLHF's entry point, or to",
+        "`openrlhf-oppo train` after `--` (or as nested keys of its --config YAML). OPPO's own flags: --help.",
+    ]
+    sections = [f"{ns}." for ns in namespaces(flags)] + [""]
+    for section in sections:
+        chosen = [f for name, f in flags.items() if (name.startswith(section) if section else "." not in name)]
+        if not chosen:
+            continue
+        lines += ["", section or "other"]
+        for f in chosen:
+            lines.append(f"  --{f.name}{_metavar(f)}  (default: {f.default_text})")
+            if f.help:
+                lines += textwrap.wrap(" ".join(f.help.split()), width, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6, break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -44,10 +44,26 @@ def resolve(flags: dict[str, Any], extra_argv: list[str], oppo: bool):
         cfg, rest = driver.parse(rest)
     values, unknown = openrlhf_flags.resolve([*yaml_config.to_argv(flags), *rest])
     if unknown:
-        bad = next((a for a in unknown if a.startswith("-")), unknown[0])
-        hint = "; --oppo.* flags apply to the oppo* schedules only" if bad.startswith("--oppo.") else ""
-        raise ValueError(f"{bad}: not a flag of OpenRLHF's train_ppo_ray{hint}")
+        raise ValueError(unknown_flag(next((a for a in unknown if a.startswith("-")), unknown[0]), oppo))
     return values, cfg
+
+
+def unknown_flag(arg: str, oppo: bool) -> str:
+    """The message for a flag neither OpenRLHF's parser nor OPPO's knows: what it is not, and
+    the closest name it may have meant."""
+    from openrlhf_oppo import config as oppo_config
+    from openrlhf_oppo import settings
+    from openrlhf_oppo.integrations.launch import openrlhf_flags
+
+    name = arg.split("=", 1)[0]
+    ours = [f"--{oppo_config.FLAG_PREFIX}.{dotted}" for dotted, _, _ in settings.leaves(oppo_config.OppoConfig)]
+    if name.startswith("--oppo."):
+        if name in ours:  # a real OPPO flag under one of OpenRLHF's schedules
+            return f"{name}: an OPPO flag; --oppo.* flags apply to the oppo* schedules only"
+        return f"{name}: not an OPPO flag{settings.suggest(name, ours)}; docs/flags.md lists them"
+    theirs = [f"--{n}" for n in openrlhf_flags.train_flags()]
+    return (f"{name}: not a flag of OpenRLHF's train_ppo_ray{settings.suggest(name, theirs + ours * oppo)}; "
+            "openrlhf-oppo train --help-openrlhf lists them")
 
 
 def preset_device(extra_argv: list[str]):
@@ -110,6 +126,70 @@ def check_config(flags: dict[str, Any], extra_argv: list[str], oppo: bool, devic
     return v
 
 
+# ------------------------------------------------------------------------- checkpoints
+
+CKPT_MODELS = ("_actor", "_critic")  # under --ckpt.path: what OpenRLHF (and the Megatron actor) resume
+LATEST = "latest"  # DeepSpeed's file naming the newest tag; the Megatron actor writes one too
+
+
+def check_checkpoint(v: dict[str, Any]) -> None:
+    """With `--ckpt.load_enable`, the checkpoint every trained model resumes from (the tag
+    `--ckpt.path/_actor/latest` names, and `_critic`'s with a critic) is complete and readable:
+    model and optimizer states present, every `.pt` file a whole torch archive (its zip
+    directory, read without loading a tensor), nothing empty. A truncated file is an error naming
+    it, before any process starts, not an OSError inside an actor after the cluster started."""
+    if not v["ckpt.load_enable"]:
+        return
+    models = CKPT_MODELS if v["algo.advantage.estimator"] == "gae" else CKPT_MODELS[:1]
+    for name in models:
+        folder = Path(v["ckpt.path"]) / name
+        if not folder.is_dir():
+            _note(f"--ckpt.load_enable: no checkpoint in {folder}; {name[1:]} starts from its pretrained weights")
+            continue
+        try:
+            tag = (folder / LATEST).read_text().strip()
+        except OSError as exc:
+            tag = ""
+            problem = f"cannot read {folder / LATEST}, the file naming the checkpoint to resume ({exc.strerror})"
+        else:
+            problem = _checkpoint_problem(folder / tag, optimizer=v["ds.zero_stage"] >= 1)
+        if problem:
+            others = sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name != tag)
+            fix = f"write another tag ({', '.join(others)}) into {folder / LATEST}, or " if others else ""
+            raise ValueError(f"--ckpt.load_enable: {problem}; {fix}move {folder} away to start afresh")
+
+
+def _checkpoint_problem(tag_dir: Path, optimizer: bool) -> str | None:
+    """What makes the checkpoint folder `tag_dir` unusable, or None."""
+    import zipfile
+
+    if not tag_dir.is_dir():
+        return f"{tag_dir.parent / LATEST} names {tag_dir.name}, which is not a folder of {tag_dir.parent}"
+    files = sorted(f for f in tag_dir.iterdir() if f.is_file())
+    names = [f.name for f in files]
+    if not any(n.endswith("model_states.pt") or n.startswith("model_") for n in names):
+        return f"{tag_dir} holds no model states (an interrupted save?)"
+    if optimizer and not any(n.endswith("optim_states.pt") or n.startswith("optimizer_") for n in names):
+        return f"{tag_dir} holds no optimizer states (an interrupted save?)"
+    for f in files:
+        try:
+            size = f.stat().st_size
+            if size == 0:
+                return f"{f} is empty (an interrupted save?)"
+            if f.suffix == ".pt":
+                with zipfile.ZipFile(f) as archive:
+                    if any(i.header_offset + i.compress_size > size for i in archive.infolist()):
+                        return f"{f} is truncated"
+            else:
+                with f.open("rb"):
+                    pass
+        except zipfile.BadZipFile:
+            return f"{f} is truncated or not a torch checkpoint file ({size} bytes, no whole archive)"
+        except OSError as exc:
+            return f"cannot read {f} ({exc.strerror})"
+    return None
+
+
 # ----------------------------------------------------------------------- dataset rows
 
 
@@ -127,6 +207,9 @@ def _dataset_files(entry: str, split: str) -> tuple[list[Path], str]:
             raise ValueError(f"--data.prompt_split '{split}': a single file {path} has only the 'train' split")
         return [p], ""
     if not p.is_dir():
+        if _local_path(path):
+            raise ValueError(f"--data.prompt_dataset: no such file or folder: {path} (a hub id is 'name' or "
+                             "'org/name')")
         return [], "not a local JSON/JSONL file or directory (a hub id or another format)"
     if any((p / name).exists() for name in ("state.json", "dataset_dict.json")):
         return [], "saved with datasets' save_to_disk"
@@ -141,6 +224,14 @@ def _dataset_files(entry: str, split: str) -> tuple[list[Path], str]:
         raise ValueError(f"--data.prompt_split '{split}': {root} has the splits {', '.join(map(str, by_split))}")
     files = [Path(f) for f in by_split[split] if Path(f).suffix.lower() in JSON_EXTS]
     return files, "" if files else "no JSON/JSONL files"
+
+
+def _local_path(path: str) -> bool:
+    """Whether `path` names a local file or folder, not a hub id (`name`, `org/name`): absolute,
+    relative to `.`, `..` or `~`, deeper than `org/name`, or under a folder that exists here."""
+    p = Path(path)
+    return (p.is_absolute() or path.startswith((".", "~")) or len(p.parts) > 2
+            or (len(p.parts) == 2 and p.parent.is_dir()))
 
 
 def _rows(path: Path):

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from openrlhf_oppo import settings
 from openrlhf_oppo.config import ASYNC_POLICY_LAG
 
 FlagValue = object  # bool | int | float | str | list
@@ -115,7 +116,8 @@ def check(name: str) -> Schedule:
     offered = all_schedules()
     schedule = offered.get(name)
     if schedule is None:
-        raise ValueError(f"--schedule: unknown schedule '{name}'; allowed: {', '.join(offered)}")
+        raise ValueError(f"--schedule: unknown schedule '{name}'{settings.suggest(name, offered)}; allowed: "
+                         f"{', '.join(offered)}")
     if not schedule.available:
         available = ", ".join(n for n, s in offered.items() if s.available)
         raise ValueError(f"--schedule {name}: not yet available in this version; available now: {available}")

@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="run every check the launch runs (flags, the memory table of every GPU per phase, the "
                         "inputs), print the command and exit without starting Ray or vLLM: 0 when everything "
                         "passes, 2 with the refusal (a model the memory check cannot count included)")
+    p.add_argument("--help-openrlhf", action="store_true", help="list OpenRLHF's flags with their defaults and exit")
     p.add_argument("extra", nargs="*", help="after `--`: extra OpenRLHF flags, passed verbatim")
     return p
 
@@ -90,11 +91,18 @@ def _plan(args: argparse.Namespace) -> _Plan:
     flags = dict(config.flags)
     oppo_argv: list[str] = []
     if oppo_cfg is not None:
-        from openrlhf_oppo.config import to_cli_args
+        from openrlhf_oppo.config import fit_delta, to_cli_args
         from openrlhf_oppo.integrations.launch import driver
 
-        # the child's driver reads the user's `--oppo.*` flags after the schedule's: check what it will run
-        driver.check_flags([*yaml_config.to_argv(flags), *args.extra], driver.overlay_flags(args.extra, oppo_cfg))
+        openrlhf_argv = [*yaml_config.to_argv(flags), *args.extra]
+        set_delta = {**(config.oppo.get("delta") or {}), **(schedules.check(args.schedule).oppo.get("delta") or {})}
+        given = {k for k in ("init", "max") if k in set_delta or driver._value(f"--oppo.delta.{k}", args.extra)}
+        # the user's `--oppo.*` flags on the schedule's, as the child's driver reads them: check what it will run
+        oppo_cfg, note = fit_delta(driver.overlay_flags(args.extra, oppo_cfg), driver.rollout_batch(openrlhf_argv),
+                                   given)
+        if note:
+            print(f"openrlhf-oppo train: {note}", flush=True)
+        driver.check_flags(openrlhf_argv, oppo_cfg)
         oppo_argv = to_cli_args(oppo_cfg)
     extra = [*oppo_argv, *args.extra]
     device = memory_check.preset_device(config.device, args.config)
@@ -153,6 +161,11 @@ def _checked(args: argparse.Namespace):
     plan = _plan(args)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(args.config).stem)
     paths = launcher.RunPaths(Path(args.output or f"runs/{stem}-{args.schedule}").resolve())
+    _check_writable(paths.root, "--output")
+    for name in ("ckpt.path", "ckpt.output_dir", "logger.tensorboard_dir"):  # where the config moves an output
+        if name in plan.flags:
+            _check_writable(Path(str(plan.flags[name])).resolve(), f"--{name}")
+    preflight.check_checkpoint(preflight.resolve(launcher.run_flags(paths, plan.flags), plan.extra, plan.oppo)[0])
     if args.skip_input_checks:
         paths.preflight.unlink(missing_ok=True)
         print("openrlhf-oppo train: input checks skipped (--skip-input-checks)", flush=True)
@@ -161,6 +174,18 @@ def _checked(args: argparse.Namespace):
     if args.restarts < 0:
         raise ValueError(f"--restarts must be >= 0, got {args.restarts}")
     return schedule, plan, paths
+
+
+def _check_writable(folder: Path, flag: str) -> None:
+    """ValueError naming `flag` unless a file can be made in `folder` (made where missing)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag} {folder}: cannot write there ({exc.strerror}); name a writable folder") from None
 
 
 def _launch(args: argparse.Namespace, plan: _Plan, paths, probe_ids: list[int] | None, entry_module: str):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openrlhf_oppo import settings
 from openrlhf_oppo.integrations.launch.openrlhf_flags import Flag, namespaces, train_flags
 
 OUR_SECTIONS = ("task", "oppo", "device")
@@ -38,16 +39,10 @@ class RunConfig:
 
 
 def load(path: str | Path) -> RunConfig:
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--config: file not found: {path}")
-    with path.open() as f:
-        raw = yaml.safe_load(f) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: top level must be a mapping of sections")
-    return from_mapping(raw, path)
+    return from_mapping(settings.read_yaml(str(path)), path)
 
 
 def from_mapping(raw: dict[str, Any], path: Path) -> RunConfig:
@@ -56,7 +51,8 @@ def from_mapping(raw: dict[str, Any], path: Path) -> RunConfig:
     flags: dict[str, Any] = {}
     for section, body in raw.items():
         if section not in allowed:
-            raise ValueError(f"{path}: unknown top-level key '{section}'; allowed: {', '.join(allowed)}")
+            raise ValueError(f"{path}: unknown top-level key '{section}'{settings.suggest(section, allowed)}; "
+                             f"allowed: {', '.join(allowed)}")
         if section in OUR_SECTIONS:
             continue
         if not isinstance(body, dict):
@@ -65,12 +61,13 @@ def from_mapping(raw: dict[str, Any], path: Path) -> RunConfig:
     for key in flags:
         if key not in table:
             close = [n for n in table if n.startswith(key.split(".", 1)[0] + ".")]
-            raise ValueError(f"{path}: unknown key '{key}' (not a flag of OpenRLHF's train_ppo_ray); "
-                             f"allowed in '{key.split('.', 1)[0]}': {', '.join(close)}")
+            raise ValueError(f"{path}: unknown key '{key}' (not a flag of OpenRLHF's train_ppo_ray)"
+                             f"{settings.suggest(key, table)}; allowed in '{key.split('.', 1)[0]}': {', '.join(close)}")
     task = dict(raw.get("task") or {})
     for key in task:
         if key not in TASK_KEYS:
-            raise ValueError(f"{path}: unknown key 'task.{key}'; allowed: {', '.join(TASK_KEYS)}")
+            raise ValueError(f"{path}: unknown key 'task.{key}'{settings.suggest(key, TASK_KEYS)}; "
+                             f"allowed: {', '.join(TASK_KEYS)}")
     return RunConfig(path=path, flags=flags, task=task, oppo=dict(raw.get("oppo") or {}),
                      device=_device(raw.get("device"), path))
 

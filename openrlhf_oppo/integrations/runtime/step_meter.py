@@ -53,6 +53,13 @@ class StepMeter:
         self.reprefilled_tokens = 0
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True, disable=not show_progress)
 
+    def plan(self, total_steps: int | None, done: int = 0) -> None:
+        """The progress bar's total (OpenRLHF's global steps of the run: with it, tqdm shows the ETA)
+        and the steps done before this start (a resumed run's checkpoint)."""
+        self.progress.total = total_steps or None
+        self.progress.n = self.progress.last_print_n = done
+        self.progress.refresh()
+
     # ------------------------------------------------------------------ fed during a step
 
     def add_scorer(self, name: str, scorers: int) -> StepMeter:

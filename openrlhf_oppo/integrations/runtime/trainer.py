@@ -150,6 +150,8 @@ class OppoPPOTrainerImpl(_BASE):
         self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group,
                                                          self.reference_model_group)
         self.samples_generator.engines.empty_caches = self._empty_model_caches
+        # the progress bar counts OpenRLHF's global steps: one a batch of --rollout.batch_size prompts
+        self.samples_generator.meter.plan(len(self.prompts_dataloader) * self.args.train.num_episodes)
         if self.samples_generator.scorers.reference.actors:
             streamed_reference_forward(self.experience_maker, self.samples_generator.reference_logprobs)
         make_experience_batch = self.experience_maker.make_experience_batch
@@ -247,8 +249,8 @@ class OppoPPOTrainerImpl(_BASE):
             self.samples_generator.ledger_checkpoint()
         if stop:
             raise StopRequested(
-                f"OPPO: stopped on request after step {self.samples_generator.step - 1}: checkpoint global_step"
-                f"{global_step} written to {self.args.ckpt.path} with "
+                f"OPPO: stopped on request after step {global_step}: checkpoint global_step{global_step} written to "
+                f"{self.args.ckpt.path} with "
                 f"{len(self.samples_generator.scheduler.in_flight_groups)} carried group(s); "
                 f"resume with --ckpt.load_enable"
             )
@@ -257,6 +259,9 @@ class OppoPPOTrainerImpl(_BASE):
 
     def restore_best_checkpoint_state(self, checkpoint_states) -> None:
         super().restore_best_checkpoint_state(checkpoint_states)
+        if checkpoint_states:  # a resumed run: its bar goes on from the checkpoint's step
+            self.samples_generator.meter.plan(self.samples_generator.meter.progress.total,
+                                              done=checkpoint_states.get("global_step", 0))
         if checkpoint_states and checkpoint_states.get(STATE_KEY):
             self.samples_generator.load_state_dict(json.loads(checkpoint_states[STATE_KEY]))
 

@@ -92,10 +92,22 @@ def test_script_parses_with_openrlhfs_parser_and_ours(script, monkeypatch):
 def test_flags_after_the_script_override_its_preset(monkeypatch):
     monkeypatch.chdir(REPO)
     script = REPO / "examples" / "scripts" / "train_oppo_gsm8k_grpo.sh"
-    argv = training_argv(dry_run(script, "--rollout.batch_size", "8", "--oppo.delta.init", "1"))
+    argv = training_argv(dry_run(script, "--rollout.batch_size", "32", "--oppo.delta.init", "1"))
     cfg, rest = driver.parse(argv)
     assert cfg.delta.init == 1
-    assert openrlhf_parse(driver.openrlhf_argv(rest, cfg))["rollout.batch_size"] == 8
+    assert openrlhf_parse(driver.openrlhf_argv(rest, cfg))["rollout.batch_size"] == 32
+
+
+def test_a_scripts_dry_run_runs_the_jobs_checks_and_exits_2_on_a_refusal():
+    """`--dry-run` runs the cluster entry's own `--dry-run` here (on stderr, the command alone on stdout):
+    an override the job would refuse is refused now, before `ray job submit`."""
+    script = REPO / "examples" / "scripts" / "train_oppo_gsm8k_grpo.sh"
+    ok = subprocess.run(["bash", str(script), "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "dry run: every check passed; Ray not started" in ok.stderr
+    bad = subprocess.run(["bash", str(script), "--dry-run", "--rollout.batch_size", "8"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith(f"{ENTRY}: error: --rollout.batch_size x ")
 
 
 def test_an_unknown_flag_fails_openrlhfs_parser(capsys):

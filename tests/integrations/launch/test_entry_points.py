@@ -21,7 +21,8 @@ def test_the_cluster_entry_point_prints_its_help():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: python -m openrlhf_oppo.cli.train_ppo_ray")
     assert "--oppo.delta.init" in proc.stdout
-    assert proc.stdout.rstrip().endswith("All other flags are OpenRLHF's: python -m openrlhf.cli.train_ppo_ray --help")
+    assert proc.stdout.rstrip().endswith("All other flags are OpenRLHF's: --help-openrlhf lists them with their "
+                                         "defaults and help")
 
 
 def test_the_cluster_entry_point_refuses_an_incompatible_flag_before_starting_ray():

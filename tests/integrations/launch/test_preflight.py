@@ -219,7 +219,7 @@ def test_reward_tokenizer_that_differs_names_both_paths_and_the_difference(flags
         (["--rollout.n_samples_per_prompt", "0"], "--rollout.n_samples_per_prompt must be an integer >= 1, got 0"),
         (["--rollout.batch_size", "four"], "argument --rollout.batch_size: invalid int value: 'four'"),
         (["--rollout.batchsize", "4"], "--rollout.batchsize: not a flag of OpenRLHF's train_ppo_ray"),
-        (["--oppo.delta.max", "2"], "--oppo.delta.max: not a flag of OpenRLHF's train_ppo_ray; --oppo.* flags apply "
+        (["--oppo.delta.max", "2"], "--oppo.delta.max: an OPPO flag; --oppo.* flags apply "
                                     "to the oppo* schedules only"),
     ],
 )

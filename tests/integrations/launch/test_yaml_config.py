@@ -39,9 +39,10 @@ def test_oppo_section_is_passed_through_unparsed(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("actr: {}\n", "unknown top-level key 'actr'; allowed: task, oppo, device, actor"),
+        ("actr: {}\n", "unknown top-level key 'actr' (did you mean 'actor'?); allowed: task, oppo, device, actor"),
         ("actor: {lrr: 1}\n", "unknown key 'actor.lrr'"),
-        ("task: {asets: x}\n", "unknown key 'task.asets'; allowed: assets, variant, fixed_lengths"),
+        ("task: {asets: x}\n",
+         "unknown key 'task.asets' (did you mean 'assets'?); allowed: assets, variant, fixed_lengths"),
         ("train: {async_enable: 1}\n", None),
     ],
 )
