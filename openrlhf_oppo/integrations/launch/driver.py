@@ -316,6 +316,12 @@ def print_help() -> None:
                         "per-phase memory table and exit (0: every check passed) without starting Ray or vLLM")
     oppo_config.add_cli_flags(parser)
     parser.print_help()
+    print("\nWhich schedule: the defaults are `oppo` (streamed reward, B+Δ groups admitted, the rest\n"
+          "carried), for vLLM sharing the GPUs with training (--train.colocate_all, the hybrid engine).\n"
+          "Where vLLM has GPUs of its own (OpenRLHF's async layout, --train.colocate_all\n"
+          "--train.async_enable), admit asynchronously as `openrlhf-oppo train --schedule oppo-async-bg`\n"
+          "does: --oppo.staleness.max_policy_lag 2 --oppo.staleness.background_sync true\n"
+          "--oppo.streaming.enable false (configs/cluster/*-async-*.yaml).")
     print("\nAll other flags are OpenRLHF's: --help-openrlhf lists them with their defaults and help")
 
 

@@ -290,12 +290,20 @@ class QuietLines:
         for part in reversed(message.split("\r")):
             if part.startswith("Traceback"):
                 self.traceback = "body"
-            if part.startswith(("openrlhf-oppo", "OPPO")) or _TROUBLE.search(part):
+            if part.startswith(("openrlhf-oppo", "OPPO")):
+                return part
+            if _TROUBLE.search(part) and not _LIBRARY_NOTE.match(part):
                 return part
         return None
 
 
-_PROGRESS = re.compile(r"^OPPO: \d+step ")  # a redraw of OPPO's progress bar (step_meter's tqdm)
+# a redraw of OPPO's progress bar (step_meter's tqdm; with the run's total steps, its percentage and bar)
+_PROGRESS = re.compile(r"^OPPO: (\d+step |\s*\d+%\|)")
+# a library's log line below ERROR (vLLM's `WARNING 12-07 22:54:23 [utils.py:539] ...`, DeepSpeed's
+# `[2026-12-07 ...] [WARNING] [...]`, Ray's `2026-12-07 16:03:05,948\tINFO ...`): kept in train.log
+# even where it quotes an error it recovered from ("Failed to create oneDNN linear, fallback to torch
+# linear. Exception: OneDNN error")
+_LIBRARY_NOTE = re.compile(r"^(?:\[[^\]]*\] |\d{4}-\d\d-\d\d [\d:,.]+\s+)?\[?(?:DEBUG|INFO|WARNING|WARN)\]?\s")
 
 
 class _Follower:

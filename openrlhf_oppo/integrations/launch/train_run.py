@@ -24,7 +24,10 @@ from openrlhf_oppo.integrations.launch.yaml_config import to_argv
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="openrlhf-oppo train", description=__doc__.splitlines()[0])
     p.add_argument("--schedule", required=True,
-                   help=f"one of: {', '.join(all_schedules())} (docs/quickstart.md says which to choose)")
+                   help=f"one of: {', '.join(all_schedules())}. oppo where vLLM shares the GPUs with training "
+                        "(colocated, the hybrid engine) and on one CPU machine; oppo-async-bg where vLLM has GPUs of "
+                        "its own (--train.colocate_all --train.async_enable); sync, async, partial, oversample: "
+                        "OpenRLHF's own modes, the baselines (README, Schedules)")
     p.add_argument("--config", required=True, help="YAML run config, e.g. configs/tiny-cpu.yaml")
     p.add_argument("--assets", default=None,
                    help="task assets dir (default: task.assets or ~/.cache/openrlhf_oppo/<task.variant>)")

@@ -150,8 +150,10 @@ class OppoPPOTrainerImpl(_BASE):
         self.samples_generator = build_samples_generator(self.samples_generator, self.reward_model_group,
                                                          self.reference_model_group)
         self.samples_generator.engines.empty_caches = self._empty_model_caches
-        # the progress bar counts OpenRLHF's global steps: one a batch of --rollout.batch_size prompts
-        self.samples_generator.meter.plan(len(self.prompts_dataloader) * self.args.train.num_episodes)
+        # the progress bar counts OpenRLHF's global steps: one a batch of --rollout.batch_size prompts (its
+        # dataloader yields prompts one by one)
+        per_pass = -(-len(self.prompts_dataloader) // self.args.rollout.batch_size)
+        self.samples_generator.meter.plan(per_pass * self.args.train.num_episodes)
         if self.samples_generator.scorers.reference.actors:
             streamed_reference_forward(self.experience_maker, self.samples_generator.reference_logprobs)
         make_experience_batch = self.experience_maker.make_experience_batch

@@ -96,3 +96,28 @@ def test_a_dry_run_with_a_model_it_cannot_count_exits_2_naming_it(capsys):
                              "--dry-run"])
     err = capsys.readouterr().err
     assert rc == 2 and "the layout is uncounted: --reward.model_name_or_path someone/Unknown-RM" in err
+
+
+CPU_CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CPU_CONFIGS, ids=lambda p: p.stem)
+def test_the_dry_run_of_every_cpu_config_checks_its_task_and_starts_nothing(config, tmp_path, capsys, monkeypatch):
+    """The CPU configs' dry run builds or installs the task's assets (what the inputs check reads) and
+    launches nothing; `learn-cpu`'s task is built by the lab only, which the refusal says."""
+    from openrlhf_oppo.integrations.launch import launcher
+
+    def started(*args, **kwargs):
+        raise AssertionError("the dry run launched the run")
+
+    monkeypatch.setattr(launcher, "launch", started)
+    assets, out = tmp_path / "assets", tmp_path / "run"
+    rc = main(["train", "--schedule", "oppo", "--config", str(config), "--output", str(out), "--assets", str(assets),
+               "--dry-run"])
+    captured = capsys.readouterr()
+    if yaml_config.load(config).task.get("variant") == "learn":
+        assert rc == 2 and "python -m oppo_lab build-learn --variant learn" in captured.err
+        return
+    assert rc == 0, captured.err
+    assert "dry run: every check passed; nothing started. It would launch:" in captured.out
+    assert "prompts counted, 0 over the" in captured.out and not (out / "train.log").exists()
