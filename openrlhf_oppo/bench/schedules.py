@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--same-samples", action=argparse.BooleanOptionalAction, default=True,
                    help="--train.full_determinism_enable for every run (seeded requests and prompt order)")
     p.add_argument("--timeout-s", type=float, default=900, help="per run")
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the step latency (>= 1)")
+    p.add_argument("--warmup-steps", type=int, default=2,
+                   help="first steps left out of the mean time a step and tokens/s (>= 1)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: summarize the runs already under --output (<schedule>-<repeat>)")
     p.add_argument("--keep-done", action="store_true",

@@ -193,9 +193,11 @@ def _train_argv(schedule: str, root: Path, assets: Path, extra=(), config: Path 
 def _start(argv: list[str], out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`python -m openrlhf_oppo.cli.main <argv>` in a session of its own, its output into `out`."""
     with out.open("w") as fh:  # the child holds its own copy of the descriptor
+        # SIGINT as a terminal delivers it, even where the test session was started in the background
+        # (`cmd &` hands its children SIGINT ignored): `_end` and the Ctrl-C tests send it
         return subprocess.Popen([sys.executable, "-m", "openrlhf_oppo.cli.main", *argv], cwd=REPO,
                                 env={**os.environ, **(env or {})}, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _end(proc: subprocess.Popen) -> None:

@@ -59,8 +59,11 @@ def _stop(tmp_path: Path, steps: int, heed_stop: bool = True, grace_s: float = 6
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg"), "FAKE_STEPS": str(steps),
            "FAKE_HEED_STOP": "1" if heed_stop else "0"}
+    # SIGINT as a terminal delivers it: a test session started in the background (`cmd &`) hands its
+    # children SIGINT ignored, and Python then leaves it ignored
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run), str(grace_s)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = run / "oppo_metrics.jsonl"
     deadline = time.monotonic() + 60
     while not ((run / "train.log").exists() and "starting" in (run / "train.log").read_text()
