@@ -55,7 +55,10 @@ def dispatch(prog: str, commands: Mapping[str, tuple[str, str]], argv: list[str]
         return 0
     name, rest = argv[0], argv[1:]
     if name not in commands:
-        print(f"{prog}: unknown command '{name}'; choose one of: {', '.join(commands)}", file=sys.stderr)
+        from openrlhf_oppo.settings import suggest
+
+        print(f"{prog}: unknown command '{name}'{suggest(name, commands)}; choose one of: {', '.join(commands)}",
+              file=sys.stderr)
         return 2
     module_name, _, function = commands[name][0].partition(":")
     entry = getattr(importlib.import_module(module_name), function or "main")

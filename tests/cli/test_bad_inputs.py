@@ -154,6 +154,8 @@ def test_misspelt_names_elsewhere_get_the_closest(tmp_path, capsys):
     bad.write_text("rollout: {batchsize: 4}\n")
     assert "(did you mean 'rollout.batch_size'?)" in _refusal(capsys, ["train", "--schedule", "sync", "--config",
                                                                         str(bad)])
+    assert _refusal(capsys, ["trian"]) == ("openrlhf-oppo: unknown command 'trian' (did you mean 'train'?); choose "
+                                           "one of: train, bench, plot, config, prepare, ledger, simulate")
     bad.write_text("opo: {delta: {max: 2}}\n")
     assert "unknown top-level key 'opo' (did you mean 'oppo'?)" in _refusal(
         capsys, ["train", "--schedule", "sync", "--config", str(bad)])

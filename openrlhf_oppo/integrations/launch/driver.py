@@ -96,7 +96,7 @@ def check_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> None:
     if cfg.staleness.background_sync:
         _check_background_sync(cfg, argv)
     if "reference" in cfg.streaming.scorers():
-        kl = _value("--algo.kl.init_coef", argv)
+        kl = flag_value("--algo.kl.init_coef", argv)
         if kl is not None and float(kl) <= 0:
             raise ValueError(f"--oppo.streaming.reference true needs --algo.kl.init_coef > 0 (got {kl}): "
                              f"OpenRLHF builds its reference group only then")
@@ -138,18 +138,18 @@ def _check_megatron(argv: list[str], megatron: oppo_config.MegatronConfig) -> No
     for flag, why in MEGATRON_INCOMPATIBLE.items():
         if _given(flag, argv):
             raise ValueError(f"{flag} cannot be combined with --oppo.megatron.enable: {why}")
-    optim = _value("--actor.optim", argv)
+    optim = flag_value("--actor.optim", argv)
     if optim not in (None, "adam"):
         raise ValueError(f"--actor.optim {optim} cannot be combined with --oppo.megatron.enable: "
                          "the Megatron actor trains with Adam")
-    nodes, gpus = _value("--actor.num_nodes", argv), _value("--actor.num_gpus_per_node", argv)
+    nodes, gpus = flag_value("--actor.num_nodes", argv), flag_value("--actor.num_gpus_per_node", argv)
     if nodes is not None and gpus is not None and (int(nodes) * int(gpus)) % megatron.model_parallel_size:
         raise ValueError(f"--oppo.megatron.tensor_parallel_size {megatron.tensor_parallel_size} x "
                          f"--oppo.megatron.pipeline_parallel_size {megatron.pipeline_parallel_size} must divide the "
                          f"actor's {int(nodes) * int(gpus)} ranks (--actor.num_nodes x --actor.num_gpus_per_node)")
 
 
-def _value(flag: str, argv: list[str]) -> str | None:
+def flag_value(flag: str, argv: list[str]) -> str | None:
     """The flag's value as argparse reads it: the last occurrence wins."""
     value = None
     for i, arg in enumerate(argv):
@@ -174,7 +174,7 @@ def _correction_flags(argv: list[str], cfg: oppo_config.OppoConfig) -> list[str]
         return []
     if cfg.staleness.correction == "auto" and any(a.startswith("--algo.advantage.is_correction_") for a in argv):
         return []  # the user set OpenRLHF's own correction (even `off`): theirs wins
-    if _value("--algo.advantage.is_correction_level", argv) not in (None, "off"):
+    if flag_value("--algo.advantage.is_correction_level", argv) not in (None, "off"):
         raise ValueError(
             "--oppo.staleness.correction cannot be combined with --algo.advantage.is_correction_level: "
             "set one of them"
@@ -187,7 +187,7 @@ def openrlhf_argv(rest: list[str], cfg: oppo_config.OppoConfig) -> list[str]:
     task defaults): the user's, plus the importance-sampling correction
     `--oppo.staleness.correction` maps to."""
     argv = list(rest)
-    if streams_rewards(argv, cfg) and _value("--reward.model_name_or_path", argv) is None:
+    if streams_rewards(argv, cfg) and flag_value("--reward.model_name_or_path", argv) is None:
         raise ValueError("--oppo.streaming.enable streams into a reward model: set --reward.model_name_or_path "
                          "(or --reward.remote_url for a rule-based or remote reward)")
     return argv + _correction_flags(argv, cfg)
@@ -237,7 +237,7 @@ def rollout_batch(argv: list[str]) -> int:
     value is no integer: OpenRLHF's parser refuses it, naming the flag)."""
     from openrlhf_oppo.integrations.launch import openrlhf_flags
 
-    value = _value("--rollout.batch_size", argv) or openrlhf_flags.train_flags()["rollout.batch_size"].default
+    value = flag_value("--rollout.batch_size", argv) or openrlhf_flags.train_flags()["rollout.batch_size"].default
     return int(value) if str(value).isdigit() else 0
 
 
@@ -272,11 +272,11 @@ def _check_sharded_sync(argv: list[str]) -> None:
     """`--oppo.staleness.background_sync_buffer shards` sends each rank's ZeRO-3 partition: there must be
     one, laid out as ZeRO-3 lays it out (no AutoTP), sent over the NCCL group the engines join."""
     flag = "--oppo.staleness.background_sync_buffer shards"
-    stage = _value("--ds.zero_stage", argv) or "2 (OpenRLHF's default)"
+    stage = flag_value("--ds.zero_stage", argv) or "2 (OpenRLHF's default)"
     if stage != "3":
         raise ValueError(f"{flag} needs --ds.zero_stage 3 (got {stage}): below stage 3 no rank holds a "
                          f"partition of the weights to send; use the device or host buffer")
-    tp = _value("--ds.tensor_parallel_size", argv)
+    tp = flag_value("--ds.tensor_parallel_size", argv)
     if tp is not None and int(tp) > 1:
         raise ValueError(f"{flag} cannot be combined with --ds.tensor_parallel_size {tp}: AutoTP's sliced "
                          f"layers are not ZeRO-3 partitions; use the device or host buffer")

@@ -99,7 +99,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
 
         openrlhf_argv = [*yaml_config.to_argv(flags), *args.extra]
         set_delta = {**(config.oppo.get("delta") or {}), **(schedules.check(args.schedule).oppo.get("delta") or {})}
-        given = {k for k in ("init", "max") if k in set_delta or driver._value(f"--oppo.delta.{k}", args.extra)}
+        given = {k for k in ("init", "max") if k in set_delta or driver.flag_value(f"--oppo.delta.{k}", args.extra)}
         # the user's `--oppo.*` flags on the schedule's, as the child's driver reads them: check what it will run
         oppo_cfg, note = fit_delta(driver.overlay_flags(args.extra, oppo_cfg), driver.rollout_batch(openrlhf_argv),
                                    given)
