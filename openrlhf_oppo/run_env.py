@@ -27,6 +27,7 @@ SYNC_PROBE_PROMPT = "OPPO_SYNC_PROBE_PROMPT"  # the probe's prompt, comma-separa
 FIXED_LENGTHS = "OPPO_FIXED_LENGTHS"  # "median,sigma,seed" of task.fixed_lengths (integrations.runtime.fixed_lengths)
 COMPAT = "OPPO_COMPAT"  # "1": the sitecustomize installs the CPU compat patches
 SKIP_INPUT_CHECKS = "OPPO_SKIP_INPUT_CHECKS"  # "1": the cluster entry skips the dataset / tokenizer checks
+CHECKED = "OPPO_CHECKED"  # "1": the launcher printed the memory check; the cluster entry makes it again, silently
 # -- set by the user -------------------------------------------------------------------------
 FAULTS = "OPPO_FAULTS"  # crash injection for the reliability tests, e.g. "reward@1,driver@3"
 CACHE_DIR = "OPPO_CACHE_DIR"  # the per-user project cache (tasks' assets, compile caches)
@@ -39,7 +40,7 @@ DEFAULT_CACHE_DIR = "~/.cache/openrlhf_oppo"
 DEFAULT_ASSETS_DIR = "~/.cache/openrlhf_oppo/tiny"
 
 ALL = (CONFIG_JSON, METRICS_JSONL, TRACE_JSONL, ROLLOUTS_JSONL, LEDGER_JSONL, STOP_FILE, TIMELINE_DIR,
-       SYNC_PROBE, SYNC_PROBE_PROMPT, FIXED_LENGTHS, COMPAT, SKIP_INPUT_CHECKS, FAULTS, CACHE_DIR, ASSETS_DIR,
+       SYNC_PROBE, SYNC_PROBE_PROMPT, FIXED_LENGTHS, COMPAT, SKIP_INPUT_CHECKS, CHECKED, FAULTS, CACHE_DIR, ASSETS_DIR,
        DEVICE_MEMORY_GB)
 
 

@@ -130,6 +130,7 @@ def child_env(paths: RunPaths, flags: dict[str, Any], probe_ids: list[int] | Non
     # `openrlhf-oppo train` checked the inputs before launching (or was told to skip them): the
     # cluster entry does not check them again
     env[run_env.SKIP_INPUT_CHECKS] = "1"
+    env[run_env.CHECKED] = "1"  # its memory table is on the terminal already: the child's check refuses only
     if probe_ids:
         env[run_env.SYNC_PROBE] = str(paths.sync_probe)
         env[run_env.SYNC_PROBE_PROMPT] = ",".join(map(str, probe_ids))

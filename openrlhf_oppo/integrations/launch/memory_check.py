@@ -555,15 +555,18 @@ def check(v: dict[str, Any], cfg: OppoConfig | None, environ: Mapping[str, str] 
     """Print the table; ValueError naming the flags when a layout cannot fit its GPUs (or, with
     `strict`, when a model could not be counted). None where there is no device memory to count."""
     device = device_memory(environ, preset)
+    # where the launcher printed this check already (`openrlhf-oppo train`), its child refuses only
+    quiet = (os.environ if environ is None else environ).get(run_env.CHECKED) == "1"
+    note = _note if not quiet else (lambda message: None)
     if device is None:
-        _note("no CUDA device on this host and no device memory given: nothing counted (a CPU run; on a GPU "
-              f"cluster whose launching host has no GPU, set {run_env.DEVICE_MEMORY_GB})")
+        note("no CUDA device on this host and no device memory given: nothing counted (a CPU run; on a GPU "
+             f"cluster whose launching host has no GPU, set {run_env.DEVICE_MEMORY_GB})")
         return None
     _check_budgets(v, cfg)
     result = count(v, cfg, device)
     table = result.table()
-    _note(table[0])
-    for line in table[1:]:
+    note(table[0])
+    for line in table[1:] if not quiet else ():
         print(f"  {line}", flush=True)
     if result.kinds and result.tightest()[2] > device.memory_bytes:  # what is counted already overflows
         raise ValueError(_refusal(v, cfg, result))
@@ -572,9 +575,9 @@ def check(v: dict[str, Any], cfg: OppoConfig | None, environ: Mapping[str, str] 
                    f"{'it' if len(result.uncounted) == 1 else 'them'} out)")
         if strict:
             raise ValueError(message)
-        _note(f"warning: {message}")
+        note(f"warning: {message}")
     elif result.margin() < MIN_MARGIN:
-        _note(f"warning: under {MIN_MARGIN:.0%} of the device left in the tightest phase; lower "
+        note(f"warning: under {MIN_MARGIN:.0%} of the device left in the tightest phase; lower "
               "--vllm.gpu_memory_utilization, the micro-batch sizes or --oppo.streaming.kv_budget_tokens")
     return result
 

@@ -320,3 +320,16 @@ def test_the_table_aligns_its_columns_and_marks_the_tightest_phase_once():
     (tight,) = [line for line in lines if line.startswith("tightest (*)")]
     assert tight == "tightest (*): [1] generating: 73.0 of 80.0 GB, margin 7.0 GB (8.8%): ok"
     assert rows[0].split() == ["item", "generating", "experience", "training"]
+
+
+def test_under_the_launcher_the_check_refuses_as_before_but_prints_nothing_again(no_gpu, capsys, monkeypatch):
+    """`openrlhf-oppo train` printed the table before launching; its child (OPPO_CHECKED) checks again
+    without a second table on the terminal, and a layout that does not fit is still refused."""
+    argv = ["--config", str(CLUSTER / "qwen2.5-72b-async-64gpu.yaml")]
+    monkeypatch.setenv(run_env.CHECKED, "1")
+    preflight.check_config({}, argv, oppo=True)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv(run_env.DEVICE_MEMORY_GB, "24")
+    with pytest.raises(ValueError, match="would need"):
+        preflight.check_config({}, argv, oppo=True)
+    assert capsys.readouterr().out == ""

@@ -165,3 +165,20 @@ def test_a_step_held_by_forced_groups_for_a_quarter_of_it_warns_naming_the_bound
     assert "--oppo.staleness.max_policy_lag 2 forced into it" in message
     assert warnings_after_step(2, 9.0) == []  # within FORCED_WARN_EVERY steps of the last warning
     assert len(warnings_after_step(1 + FORCED_WARN_EVERY, 9.0)) == 1
+
+
+def test_the_progress_bar_counts_the_runs_steps_from_a_resumed_one_and_times_from_the_first_step(capsys):
+    """The bar's total is the run's global steps, so tqdm shows the ETA; a resumed run's bar starts at the
+    checkpoint's step, and its clock (elapsed, rate, ETA) at the first step, not at the models' load."""
+    now = [100.0]
+    meter = StepMeter(scorers=0)
+    meter.progress._time = lambda: now[0]  # tqdm's clock
+    meter.plan(8, done=2)  # resumed after global step 2 of 8
+    now[0] = 160.0  # a minute of start-up: Ray, vLLM, the models
+    meter.start_step()
+    now[0] = 170.0
+    meter.progress.update()
+    shown = meter.progress.format_dict
+    assert (shown["n"], shown["total"], shown["initial"]) == (3, 8, 2)
+    assert shown["elapsed"] == 10.0  # from the first step's start: one step in 10 s, 5 left, 50 s to go
+    assert "| 3/8 [00:10<00:50, 10.00s/step]" in meter.progress.format_meter(**shown)
