@@ -111,7 +111,7 @@ def _label_steps(ax, shown: list[trace_events.Step], t0: float) -> None:
 def default_window(run_dir: Path, rows: list[dict]) -> tuple[int, int | None]:
     """(from_step, steps) when none was asked for: the whole run, or for a run of more than
     DEFAULT_WINDOW_MAX_STEPS steps its last DEFAULT_WINDOW_STEPS, saying so and how to choose."""
-    n = len(step_starts(rows))
+    n = len(trace_events.steps(rows))  # numbered as the trace and the progress line number them
     if n <= DEFAULT_WINDOW_MAX_STEPS:
         return 0, None
     first = n - DEFAULT_WINDOW_STEPS

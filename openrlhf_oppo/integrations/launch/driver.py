@@ -224,12 +224,17 @@ def parse(argv: list[str]) -> tuple[oppo_config.OppoConfig, list[str]]:
     elif known.oppo_config_file:
         in_file = settings.read_yaml(known.oppo_config_file).get(oppo_config.FLAG_PREFIX) or {}
     cfg = oppo_config.from_cli(known, oppo_config.from_dict(in_file))
-    given = {k for k in ("init", "max")
-             if getattr(known, f"oppo.delta.{k}") is not None or k in (in_file.get("delta") or {})}
-    cfg, note = oppo_config.fit_delta(cfg, rollout_batch(preset_argv + rest), given)
+    cfg, note = oppo_config.fit_delta(cfg, rollout_batch(preset_argv + rest), delta_given(in_file, argv))
     if note:
         _notice(f"{ENTRY_MODULE}: {note}")
     return cfg, preset_argv + rest
+
+
+def delta_given(section: dict, argv: list[str]) -> set[str]:
+    """Which of Δ's `init` and `max` the user set: in an `oppo:` section or as `--oppo.delta.*` among `argv`
+    (`oppo_config.fit_delta` adapts the others)."""
+    return {k for k in ("init", "max")
+            if k in (section.get("delta") or {}) or flag_value(f"--oppo.delta.{k}", argv) is not None}
 
 
 def rollout_batch(argv: list[str]) -> int:

@@ -136,10 +136,14 @@ def oppo_config(name: str, oppo_section: dict):
     OpenRLHF's own schedules, where the section does not apply."""
     from openrlhf_oppo import config as oppo_config_module
 
+    section = merged_oppo(name, oppo_section)
+    return None if section is None else oppo_config_module.from_dict(section)
+
+
+def merged_oppo(name: str, oppo_section: dict) -> dict | None:
+    """The YAML's `oppo:` section with the OPPO schedule `name`'s overrides on top; None for OpenRLHF's."""
     schedule = check(name)
-    if schedule.oppo is None:
-        return None
-    return oppo_config_module.from_dict(_merge(oppo_section, schedule.oppo))
+    return None if schedule.oppo is None else _merge(oppo_section, schedule.oppo)
 
 
 def oppo_argv(name: str, oppo_section: dict) -> list[str]:

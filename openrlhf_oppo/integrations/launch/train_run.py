@@ -98,11 +98,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
         from openrlhf_oppo.integrations.launch import driver
 
         openrlhf_argv = [*yaml_config.to_argv(flags), *args.extra]
-        set_delta = {**(config.oppo.get("delta") or {}), **(schedules.check(args.schedule).oppo.get("delta") or {})}
-        given = {k for k in ("init", "max") if k in set_delta or driver.flag_value(f"--oppo.delta.{k}", args.extra)}
+        section = schedules.merged_oppo(args.schedule, config.oppo)  # the YAML's `oppo:` and the schedule's
         # the user's `--oppo.*` flags on the schedule's, as the child's driver reads them: check what it will run
         oppo_cfg, note = fit_delta(driver.overlay_flags(args.extra, oppo_cfg), driver.rollout_batch(openrlhf_argv),
-                                   given)
+                                   driver.delta_given(section, args.extra))
         if note:
             print(f"openrlhf-oppo train: {note}", flush=True)
         driver.check_flags(openrlhf_argv, oppo_cfg)
