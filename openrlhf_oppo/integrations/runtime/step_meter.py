@@ -52,7 +52,6 @@ class StepMeter:
         # after a sleep, an aborted request or a restart
         self.reprefilled_tokens = 0
         self.progress = tqdm(desc="OPPO", unit="step", dynamic_ncols=True, disable=not show_progress)
-        self.stepped = False  # a step has started (the bar's clock starts with the first)
 
     def plan(self, total_steps: int | None, done: int = 0) -> None:
         """The progress bar's total (OpenRLHF's global steps of the run: with it, tqdm shows the ETA)
@@ -71,9 +70,8 @@ class StepMeter:
         return other
 
     def start_step(self) -> None:
-        if not self.progress.disable and not self.stepped:  # the bar's clock, rate and ETA from the first step on,
-            self.progress.start_t = self.progress.last_print_t = self.progress._time()  # not from the models' load
-        self.stepped = True
+        if not self.progress.disable and not self.started_s:  # the first step: the bar's clock, rate and ETA
+            self.progress.start_t = self.progress.last_print_t = self.progress._time()  # start now, not at the load
         self.started_s = self.clock()
         self.overlap_tokens = [0, 0]
         self.reprefilled_tokens = 0
